@@ -1,0 +1,1 @@
+"""Lightning callbacks: rank barriers, progressive training, prediction output."""

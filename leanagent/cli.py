@@ -1,0 +1,111 @@
+"""The `leanagent` LightningCLI: one app for retriever training, evaluation, prediction and Fisher computation."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningCLI
+
+from leanagent.callbacks.progressive import ProgressiveTraining
+from leanagent.data.datamodule import RetrievalDataModule
+from leanagent.distributed import (
+    ONE_YEAR,
+    check_gpu_count,
+    default_strategy,
+    is_ddp_class,
+    limit_cpu_threads,
+    parse_timeout,
+    set_nccl_env,
+    uses_cpu,
+)
+from leanagent.errors import LeanAgentError
+from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
+from leanagent.models.retriever import PremiseRetriever  # noqa: F401
+
+log = logging.getLogger("leanagent")
+
+
+class LeanAgentCLI(LightningCLI):
+    """`model: class_path: ...` picks PremiseRetriever or FisherInformation; the data module is shared."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("model_class", L.LightningModule)
+        kwargs.setdefault("datamodule_class", RetrievalDataModule)
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        # ReProver's links: one setting each, shared by model and data.
+        parser.link_arguments("model.init_args.model_name", "data.model_name")
+        parser.link_arguments("data.max_seq_len", "model.init_args.max_seq_len")
+        # A default (not a hook-time injection) so that --print_config and config.yaml show the real strategy.
+        parser.set_defaults({"trainer.strategy": default_strategy(ONE_YEAR)})
+        # `progressive.epochs_per_repo` at top level, easy to override; the callback joins trainer.callbacks.
+        parser.add_lightning_class_args(ProgressiveTraining, "progressive")
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        configure_distributed(config)
+
+
+def configure_distributed(config: Namespace) -> None:
+    """Runs on every rank (Lightning's DDP re-executes the command): env, strategy, threads, GPU count."""
+    trainer = config.trainer
+    timeout = ONE_YEAR
+    strategy = trainer.strategy
+    if strategy is None:
+        trainer.strategy = Namespace(default_strategy(ONE_YEAR))
+        strategy = trainer.strategy
+    if isinstance(strategy, (Namespace, dict)) and is_ddp_class(str(strategy.get("class_path", ""))):
+        init_args = strategy.get("init_args") or Namespace()
+        if init_args.get("timeout") is None:
+            init_args["timeout"] = ONE_YEAR
+        timeout = parse_timeout(init_args["timeout"])
+        init_args["timeout"] = timeout
+        strategy["init_args"] = init_args
+    else:
+        name = strategy if isinstance(strategy, str) else strategy.get("class_path", strategy)
+        log.info("trainer.strategy %r was named explicitly: the one-year DDPStrategy was not injected", name)
+    set_nccl_env(timeout)
+    log.info(
+        "rank %s: TORCH_NCCL_ASYNC_ERROR_HANDLING=%s NCCL_TIMEOUT=%s (ms)",
+        os.environ.get("LOCAL_RANK", "0"), os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"], os.environ["NCCL_TIMEOUT"],
+    )
+
+    accelerator = str(trainer.accelerator)
+    check_gpu_count(accelerator, trainer.devices)
+    devices = trainer.devices
+    if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
+        limit_cpu_threads(devices)
+
+    ckpt_path = config.get("ckpt_path")
+    if ckpt_path and ckpt_path not in ("last", "best", "hpc") and not Path(ckpt_path).is_file():
+        raise LeanAgentError(f"--ckpt_path: checkpoint not found: {ckpt_path}")
+
+
+def _setup_logging() -> None:
+    logger = logging.getLogger("leanagent")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[leanagent] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def main(args: list[str] | None = None) -> None:
+    _setup_logging()
+    try:
+        LeanAgentCLI(args=args)
+    except LeanAgentError as e:
+        rank = os.environ.get("LOCAL_RANK", "0")
+        prefix = "error" if rank == "0" else f"error (rank {rank})"
+        print(f"{prefix}: {e}", file=sys.stderr)
+        sys.exit(2)

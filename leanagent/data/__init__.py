@@ -1,0 +1,1 @@
+"""Reading LeanDojo Benchmark 4 data and serving it to Lightning."""

@@ -1,0 +1,244 @@
+"""The premise corpus: Lean files as an import DAG, premises as flat arrays.
+
+Premises get global ids in corpus order, so every file owns one contiguous id range.
+Accessibility (ReProver's rule: defined earlier in the same file, or anywhere in a
+transitively imported file) then reduces to a file-level closure matrix plus a
+position test inside the query's own file, which vectorises over all premises.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from leanagent.errors import LeanAgentError
+from leanagent.io import iter_jsonl
+
+_LINE = 1 << 24
+
+
+def position_key(pos: object, where: str) -> int:
+    """Encode a Lean (line, column) as one comparable integer."""
+    if (
+        not isinstance(pos, (list, tuple))
+        or len(pos) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pos)
+    ):
+        raise LeanAgentError(f"{where}: expected a position [line, column], got {pos!r}")
+    line, col = pos
+    if col >= _LINE:
+        raise LeanAgentError(f"{where}: column {col} is out of range")
+    return line * _LINE + col
+
+
+def _field(record: object, name: str, kind: type | tuple[type, ...], where: str):
+    if not isinstance(record, dict):
+        raise LeanAgentError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if name not in record:
+        raise LeanAgentError(f"{where}: missing field '{name}'")
+    value = record[name]
+    if not isinstance(value, kind):
+        raise LeanAgentError(f"{where}: field '{name}' has the wrong type ({type(value).__name__})")
+    return value
+
+
+@dataclass(frozen=True)
+class Premise:
+    id: int
+    full_name: str
+    path: str
+    code: str
+
+
+class Corpus:
+    """All premises of a LeanDojo `corpus.jsonl`, with the import closure of every file."""
+
+    def __init__(
+        self,
+        paths: list[str],
+        imports: list[list[int]],
+        names: list[str],
+        codes: list[str],
+        premise_file: np.ndarray,
+        start_keys: np.ndarray,
+        end_keys: np.ndarray,
+        source: str = "<memory>",
+    ) -> None:
+        self.source = source
+        self.paths = paths
+        self.file_index = {p: i for i, p in enumerate(paths)}
+        self.imports = imports
+        self.names = names
+        self.codes = codes
+        self.premise_file = premise_file.astype(np.int64)
+        self.start_keys = start_keys.astype(np.int64)
+        self.end_keys = end_keys.astype(np.int64)
+        counts = np.bincount(self.premise_file, minlength=len(paths))
+        self.file_ranges = np.stack([np.cumsum(counts) - counts, np.cumsum(counts)], axis=1)
+        if not np.all(np.diff(self.premise_file) >= 0):
+            raise ValueError("premises must be grouped by file in corpus order")
+        self._by_name = {(paths[f], n): i for i, (f, n) in enumerate(zip(self.premise_file.tolist(), names))}
+        self.closure = self._import_closure()
+        self._torch_cache: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+
+    @classmethod
+    def from_jsonl(cls, path: str | os.PathLike) -> Corpus:
+        paths: list[str] = []
+        raw_imports: list[tuple[int, list[str]]] = []
+        names: list[str] = []
+        codes: list[str] = []
+        premise_file: list[int] = []
+        starts: list[int] = []
+        ends: list[int] = []
+        seen: dict[str, int] = {}
+        for lineno, record in iter_jsonl(path):
+            where = f"{path}:{lineno}"
+            file_path = _field(record, "path", str, where)
+            file_imports = _field(record, "imports", list, where)
+            premises = _field(record, "premises", list, where)
+            if file_path in seen:
+                raise LeanAgentError(f"{where}: file '{file_path}' already listed on line {seen[file_path]}")
+            seen[file_path] = lineno
+            if not all(isinstance(i, str) for i in file_imports):
+                raise LeanAgentError(f"{where}: field 'imports' must be a list of paths")
+            file_id = len(paths)
+            paths.append(file_path)
+            raw_imports.append((lineno, file_imports))
+            for k, premise in enumerate(premises):
+                pwhere = f"{where}: premises[{k}]"
+                names.append(_field(premise, "full_name", str, pwhere))
+                codes.append(_field(premise, "code", str, pwhere))
+                starts.append(position_key(_field(premise, "start", list, pwhere), f"{pwhere}.start"))
+                ends.append(position_key(_field(premise, "end", list, pwhere), f"{pwhere}.end"))
+                premise_file.append(file_id)
+        if not paths:
+            raise LeanAgentError(f"{path}: the corpus is empty")
+        for (lineno, file_imports), file_path in zip(raw_imports, paths):
+            for imported in file_imports:
+                if imported not in seen:
+                    raise LeanAgentError(
+                        f"{path}:{lineno}: '{file_path}' imports '{imported}', which is not in the corpus"
+                    )
+        index = {p: i for i, p in enumerate(paths)}
+        imports = [[index[i] for i in file_imports] for _, file_imports in raw_imports]
+        try:
+            return cls(
+                paths, imports, names, codes,
+                np.asarray(premise_file, dtype=np.int64),
+                np.asarray(starts, dtype=np.int64),
+                np.asarray(ends, dtype=np.int64),
+                source=str(path),
+            )
+        except _ImportCycle as cycle:
+            raise LeanAgentError(f"{path}: import cycle: {' -> '.join(cycle.files)}") from None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_files(self) -> int:
+        return len(self.paths)
+
+    def premise(self, premise_id: int) -> Premise:
+        return Premise(
+            premise_id, self.names[premise_id], self.paths[self.premise_file[premise_id]], self.codes[premise_id]
+        )
+
+    def _import_closure(self) -> np.ndarray:
+        """closure[f, g] is True when file f imports g directly or transitively (never f itself)."""
+        n = len(self.paths)
+        order = _topological_order(self.imports, self.paths)
+        closure = np.zeros((n, n), dtype=bool)
+        for f in order:
+            for g in self.imports[f]:
+                closure[f] |= closure[g]
+                closure[f, g] = True
+        return closure
+
+    def locate(self, def_path: str, full_name: str, def_pos: object = None) -> int | None:
+        """Find an annotated premise by name in its file, falling back to the position (ReProver's rule)."""
+        found = self._by_name.get((def_path, full_name))
+        if found is not None or def_pos is None:
+            return found
+        file_id = self.file_index.get(def_path)
+        if file_id is None:
+            return None
+        try:
+            key = position_key(def_pos, "def_pos")
+        except LeanAgentError:
+            return None
+        lo, hi = self.file_ranges[file_id]
+        inside = np.flatnonzero((self.start_keys[lo:hi] <= key) & (key <= self.end_keys[lo:hi]))
+        return int(lo + inside[0]) if len(inside) else None
+
+    def accessible_in_file(self, file_id: int, pos_key: int) -> np.ndarray:
+        """Ids of premises of `file_id` that end before `pos_key`."""
+        lo, hi = self.file_ranges[file_id]
+        return lo + np.flatnonzero(self.end_keys[lo:hi] <= pos_key)
+
+    def accessible_ids(self, file_id: int, pos_key: int) -> np.ndarray:
+        """All premise ids accessible at a position; for tests and tools, not the hot path."""
+        mask = self.closure[file_id][self.premise_file]
+        mask[self.accessible_in_file(file_id, pos_key)] = True
+        return np.flatnonzero(mask)
+
+    def accessible_mask(self, file_ids: torch.Tensor, pos_keys: torch.Tensor) -> torch.Tensor:
+        """[B, num_premises] boolean mask of the premises each query may use, computed on the queries' device."""
+        closure, premise_file, end_keys = self._on_device(file_ids.device)
+        imported = closure[file_ids][:, premise_file]
+        same_file = (premise_file[None, :] == file_ids[:, None]) & (end_keys[None, :] <= pos_keys[:, None])
+        return imported | same_file
+
+    def _on_device(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        if device not in self._torch_cache:
+            self._torch_cache[device] = (
+                torch.from_numpy(self.closure).to(device),
+                torch.from_numpy(self.premise_file).to(device),
+                torch.from_numpy(self.end_keys).to(device),
+            )
+        return self._torch_cache[device]
+
+
+class _ImportCycle(Exception):
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+
+
+def _topological_order(imports: list[list[int]], paths: list[str]) -> list[int]:
+    """Files ordered so that each comes after everything it imports (Kahn's algorithm)."""
+    n = len(imports)
+    importers: list[list[int]] = [[] for _ in range(n)]
+    pending = [len(set(deps)) for deps in imports]
+    for f, deps in enumerate(imports):
+        for g in set(deps):
+            importers[g].append(f)
+    ready = [f for f in range(n) if pending[f] == 0]
+    order: list[int] = []
+    while ready:
+        g = ready.pop()
+        order.append(g)
+        for f in importers[g]:
+            pending[f] -= 1
+            if pending[f] == 0:
+                ready.append(f)
+    if len(order) < n:
+        raise _ImportCycle(_find_cycle(imports, paths, {f for f in range(n) if pending[f] > 0}))
+    return order
+
+
+def _find_cycle(imports: list[list[int]], paths: list[str], stuck: set[int]) -> list[str]:
+    """Walk imports among the files Kahn's algorithm could not order until one repeats."""
+    start = min(stuck)
+    walk = [start]
+    position = {start: 0}
+    current = start
+    while True:
+        current = next(g for g in imports[current] if g in stuck)
+        if current in position:
+            cycle = walk[position[current]:] + [current]
+            return [paths[f] for f in cycle]
+        position[current] = len(walk)
+        walk.append(current)

@@ -1,0 +1,287 @@
+"""The LightningDataModule for premise retrieval on a LeanDojo Benchmark 4 dataset.
+
+Argument names follow ReProver's `RetrievalDataModule` so its configs carry over. Loading is
+lazy: `setup` does nothing heavy, so the data-loading barrier callback (whose `setup` hook
+runs after the datamodule's) really runs before any file is read.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from leanagent.data.corpus import Corpus
+from leanagent.data.sampling import NegativeSampler
+from leanagent.data.samplers import UnpaddedDistributedSampler
+from leanagent.data.tactics import TacticStates, load_tactic_states, warn_unresolved
+from leanagent.data.tokenizer import gather_tokens, load_tokenizer
+from leanagent.errors import LeanAgentError
+from leanagent.io import require_file
+
+log = logging.getLogger("leanagent")
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class TokenTable:
+    ids: np.ndarray
+    lengths: np.ndarray
+
+    def gather(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, mask = gather_tokens(self.ids, self.lengths, rows)
+        return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+class TrainingPairs(Dataset):
+    """(tactic state, one positive premise) pairs with negatives drawn from the item's index and the seed.
+
+    Seeding each item by (seed, epoch, index) makes its negatives independent of worker, rank and
+    batch order: what the Fisher computation needs to agree across world sizes.
+    """
+
+    def __init__(self, states: TacticStates, sampler: NegativeSampler, seed: int) -> None:
+        self.states = states
+        self.sampler = sampler
+        self.seed = seed
+        self.epoch = 0
+        self.pairs = np.asarray(
+            [(i, p) for i, positives in enumerate(states.positives) for p in positives], dtype=np.int64
+        ).reshape(-1, 2)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        state, positive = (int(v) for v in self.pairs[index])
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        negatives = self.sampler.sample(
+            self.states.file_ids[state], self.states.pos_keys[state], positive, rng
+        )
+        return {"index": index, "state": state, "positive": positive, "negatives": negatives}
+
+
+class EvalStates(Dataset):
+    """Every tactic state of a split, one item each (ReProver evaluates per tactic)."""
+
+    def __init__(self, states: TacticStates) -> None:
+        self.states = states
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+class RetrievalDataModule(L.LightningDataModule):
+    def __init__(
+        self,
+        data_path: str = "data/batteries/random",
+        corpus_path: str = "data/batteries/corpus.jsonl",
+        num_negatives: int = 3,
+        num_in_file_negatives: int = 1,
+        batch_size: int = 8,
+        eval_batch_size: int = 64,
+        max_seq_len: int = 512,
+        num_workers: int = 0,
+        model_name: str = "byt5-tiny",
+        seed: int = 3407,
+        predict_splits: list[str] = list(SPLITS),
+    ) -> None:
+        """
+        Args:
+            data_path: split folder holding train.json, val.json and test.json.
+            corpus_path: the dataset's corpus.jsonl.
+            num_negatives: negatives per training pair.
+            num_in_file_negatives: how many of them come from the positive premise's own file, at most.
+            batch_size: training pairs per batch and device.
+            eval_batch_size: tactic states (or premises, when embedding the corpus) per batch.
+            max_seq_len: tokens kept of each state and premise.
+            num_workers: DataLoader worker processes.
+            model_name: linked from the model; chooses the tokenizer.
+            seed: drives negative sampling (with the epoch and the item index).
+            predict_splits: the splits `predict` retrieves premises for.
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        if num_negatives < 1:
+            raise LeanAgentError(f"data.num_negatives must be at least 1, got {num_negatives}")
+        if not 0 <= num_in_file_negatives <= num_negatives:
+            raise LeanAgentError(
+                f"data.num_in_file_negatives ({num_in_file_negatives}) must lie between 0 "
+                f"and data.num_negatives ({num_negatives})"
+            )
+        for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("max_seq_len", max_seq_len)):
+            if value < 1:
+                raise LeanAgentError(f"data.{name} must be positive, got {value}")
+        unknown = [s for s in predict_splits if s not in SPLITS]
+        if unknown:
+            raise LeanAgentError(f"data.predict_splits: unknown split(s) {unknown}; choose from {list(SPLITS)}")
+        self.data_path = Path(data_path)
+        self.corpus_path = require_file(corpus_path, "data.corpus_path")
+        if not self.data_path.is_dir():
+            raise LeanAgentError(f"data.data_path is not a folder: {self.data_path}")
+        self.num_negatives = num_negatives
+        self.num_in_file_negatives = num_in_file_negatives
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.max_seq_len = max_seq_len
+        self.num_workers = num_workers
+        self.model_name = model_name
+        self.seed = seed
+        self.predict_splits = list(predict_splits)
+        self._corpus: Corpus | None = None
+        self._corpus_tokens: TokenTable | None = None
+        self._tokenizer = None
+        self._states: dict[str, TacticStates] = {}
+        self._state_tokens: dict[str, TokenTable] = {}
+        self._train: TrainingPairs | None = None
+
+    # Loaded on first use, after the barrier callback has synchronised the ranks.
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.model_name)
+        return self._tokenizer
+
+    @property
+    def corpus(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = Corpus.from_jsonl(self.corpus_path)
+        return self._corpus
+
+    @property
+    def corpus_tokens(self) -> TokenTable:
+        if self._corpus_tokens is None:
+            self._corpus_tokens = TokenTable(*self.tokenizer.encode(self.corpus.codes, self.max_seq_len))
+        return self._corpus_tokens
+
+    def states(self, split: str) -> TacticStates:
+        if split not in self._states:
+            if split == "predict":
+                states = TacticStates()
+                for s in self.predict_splits:
+                    states.extend(self.states(s))
+            else:
+                path = require_file(self.data_path / f"{split}.json", f"{split} split")
+                states = load_tactic_states(path, self.corpus)
+                warn_unresolved(states, str(path))
+            self._states[split] = states
+        return self._states[split]
+
+    def state_tokens(self, split: str) -> TokenTable:
+        if split not in self._state_tokens:
+            self._state_tokens[split] = TokenTable(*self.tokenizer.encode(self.states(split).states, self.max_seq_len))
+        return self._state_tokens[split]
+
+    @property
+    def train_pairs(self) -> TrainingPairs:
+        if self._train is None:
+            sampler = NegativeSampler(self.corpus, self.num_negatives, self.num_in_file_negatives)
+            self._train = TrainingPairs(self.states("train"), sampler, self.seed)
+            if len(self._train) == 0:
+                raise LeanAgentError(
+                    f"{self.data_path / 'train.json'}: no training examples "
+                    "(no traced tactic has a premise annotation found in the corpus)"
+                )
+        return self._train
+
+    def set_epoch(self, epoch: int) -> None:
+        """New negatives each epoch, reproducibly."""
+        self.train_pairs.epoch = epoch
+
+    # Batches.
+    def collate_train(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Queries, then per item its positive followed by its negatives (-1 where none could be drawn).
+
+        labels[i, j] is 1 when candidate j is any positive premise of query i, not only its own (ReProver).
+        """
+        states = np.asarray([it["state"] for it in items])
+        candidates = np.stack([np.concatenate([[it["positive"]], it["negatives"]]) for it in items]).reshape(-1)
+        all_positives = self.states("train").positives_array()[states]
+        labels = (candidates[None, :, None] == all_positives[:, None, :]).any(-1) & (candidates[None, :] >= 0)
+        query_ids, query_mask = self.state_tokens("train").gather(states)
+        cand_ids, cand_mask = self.corpus_tokens.gather(candidates)
+        return {
+            "index": torch.tensor([it["index"] for it in items]),
+            "query_ids": query_ids,
+            "query_mask": query_mask,
+            "cand_ids": cand_ids,
+            "cand_mask": cand_mask,
+            "cand_valid": torch.from_numpy(candidates >= 0),
+            "labels": torch.from_numpy(labels.astype(np.float32)),
+        }
+
+    def _collate_eval(self, split: str, indices: list[int]) -> dict[str, torch.Tensor]:
+        rows = np.asarray(indices, dtype=np.int64)
+        states = self.states(split)
+        query_ids, query_mask = self.state_tokens(split).gather(rows)
+        return {
+            "index": torch.from_numpy(rows),
+            "query_ids": query_ids,
+            "query_mask": query_mask,
+            "file_ids": torch.tensor([states.file_ids[i] for i in rows], dtype=torch.long),
+            "pos_keys": torch.tensor([states.pos_keys[i] for i in rows], dtype=torch.long),
+            "positives": torch.from_numpy(states.positives_array()[rows]),
+        }
+
+    def collate_corpus(self, premise_ids: list[int]) -> dict[str, torch.Tensor]:
+        ids, mask = self.corpus_tokens.gather(np.asarray(premise_ids, dtype=np.int64))
+        return {"premise_ids": torch.tensor(premise_ids, dtype=torch.long), "ids": ids, "mask": mask}
+
+    # Loaders.
+    def _world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _loader(self, dataset: Dataset, batch_size: int, collate, exact: bool, shuffle: bool = False) -> DataLoader:
+        """`exact` loaders give each rank a disjoint shard with no padding, so nothing is counted twice."""
+        sampler = None
+        if exact:
+            world_size, rank = self._world()
+            sampler = UnpaddedDistributedSampler(dataset, num_replicas=world_size, rank=rank)
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle if sampler is None else False,
+            sampler=sampler,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            persistent_workers=False,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+        single_pass = bool(getattr(module, "needs_single_pass", False))
+        return self._loader(
+            self.train_pairs, self.batch_size, self.collate_train, exact=single_pass, shuffle=not single_pass
+        )
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        self.states(split)
+        return self._loader(
+            EvalStates(self.states(split)), self.eval_batch_size, partial(self._collate_eval, split), exact=True
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        return self.eval_dataloader("predict")
+
+    def corpus_dataloader(self, premise_ids: np.ndarray) -> DataLoader:
+        return DataLoader(
+            premise_ids.tolist(), batch_size=self.eval_batch_size, collate_fn=self.collate_corpus, num_workers=0
+        )

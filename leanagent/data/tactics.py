@@ -1,0 +1,94 @@
+"""Tactic states and their positive premises, read from a split file (`train.json`, `val.json`, ...)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from leanagent.data.corpus import Corpus, _field, position_key
+from leanagent.errors import LeanAgentError
+from leanagent.io import read_json
+
+log = logging.getLogger("leanagent")
+
+
+@dataclass
+class TacticStates:
+    """One row per traced tactic: the state it starts from and every premise its annotation names."""
+
+    states: list[str] = field(default_factory=list)
+    file_ids: list[int] = field(default_factory=list)
+    pos_keys: list[int] = field(default_factory=list)
+    positives: list[list[int]] = field(default_factory=list)
+    theorem_names: list[str] = field(default_factory=list)
+    tactic_indices: list[int] = field(default_factory=list)
+    unresolved: int = 0
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def extend(self, other: TacticStates) -> None:
+        for name in ("states", "file_ids", "pos_keys", "positives", "theorem_names", "tactic_indices"):
+            getattr(self, name).extend(getattr(other, name))
+        self.unresolved += other.unresolved
+
+    def positives_array(self) -> np.ndarray:
+        """Positives padded with -1 to a [N, max] array, so batches can test membership without sets."""
+        width = max([len(p) for p in self.positives] + [1])
+        out = np.full((len(self), width), -1, dtype=np.int64)
+        for i, ids in enumerate(self.positives):
+            out[i, : len(ids)] = ids
+        return out
+
+
+def load_tactic_states(split_file: str | os.PathLike, corpus: Corpus) -> TacticStates:
+    """Read every traced tactic of a split; annotations pointing outside the corpus are counted, not fatal."""
+    theorems = read_json(split_file)
+    if not isinstance(theorems, list):
+        raise LeanAgentError(f"{split_file}: expected a JSON list of theorems")
+    out = TacticStates()
+    for t, theorem in enumerate(theorems):
+        where = f"{split_file}: theorem [{t}]"
+        file_path = _field(theorem, "file_path", str, where)
+        name = _field(theorem, "full_name", str, where)
+        where = f"{split_file}: theorem [{t}] '{name}'"
+        file_id = corpus.file_index.get(file_path)
+        if file_id is None:
+            raise LeanAgentError(f"{where}: its file '{file_path}' is not in the corpus {corpus.source}")
+        pos = position_key(_field(theorem, "start", list, where), f"{where}.start")
+        for k, tactic in enumerate(_field(theorem, "traced_tactics", list, where)):
+            twhere = f"{where}.traced_tactics[{k}]"
+            state = _field(tactic, "state_before", str, twhere)
+            annotated = _field(tactic, "annotated_tactic", list, twhere)
+            if len(annotated) != 2 or not isinstance(annotated[1], list):
+                raise LeanAgentError(f"{twhere}: 'annotated_tactic' must be [text, [premises]]")
+            positives: list[int] = []
+            for j, provenance in enumerate(annotated[1]):
+                pwhere = f"{twhere}.annotated_tactic[1][{j}]"
+                premise_id = corpus.locate(
+                    _field(provenance, "def_path", str, pwhere),
+                    _field(provenance, "full_name", str, pwhere),
+                    provenance.get("def_pos"),
+                )
+                if premise_id is None:
+                    out.unresolved += 1
+                elif premise_id not in positives:
+                    positives.append(premise_id)
+            out.states.append(state)
+            out.file_ids.append(file_id)
+            out.pos_keys.append(pos)
+            out.positives.append(positives)
+            out.theorem_names.append(name)
+            out.tactic_indices.append(k)
+    return out
+
+
+def warn_unresolved(states: TacticStates, what: str) -> None:
+    """One summary line instead of one warning per annotation, as real LeanDojo data has many."""
+    if states.unresolved:
+        log.warning(
+            "%s: skipped %d premise annotation(s) that point outside the corpus", what, states.unresolved
+        )

@@ -1,0 +1,5 @@
+"""The one exception type a user can cause; the CLI turns it into a one-line error and exit code 2."""
+
+
+class LeanAgentError(Exception):
+    """Bad input or inconsistent settings: the message says what to fix (file, line or field)."""

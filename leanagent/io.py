@@ -1,0 +1,83 @@
+"""Reading the benchmark's JSON files with errors that name file and line, and writing files atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from leanagent.errors import LeanAgentError
+
+
+def require_file(path: str | os.PathLike, what: str) -> Path:
+    """Fail early, naming the setting, instead of deep inside a loader."""
+    p = Path(path)
+    if not p.is_file():
+        raise LeanAgentError(f"{what} not found: {p}")
+    return p
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    p = require_file(path, "JSON file")
+    try:
+        with p.open(encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise LeanAgentError(f"{p}:{e.lineno}: malformed JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise LeanAgentError(f"{p}: not UTF-8 text ({e.reason})") from None
+
+
+def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, record) for each non-blank line."""
+    p = require_file(path, "JSONL file")
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise LeanAgentError(f"{p}:{lineno}: malformed JSON line ({e.msg})") from None
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
+    """Write to a temporary file beside `path` and rename it into place only if the block succeeds."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """For writers that take a file name (safetensors, matplotlib): `write(tmp_path)` then rename."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")

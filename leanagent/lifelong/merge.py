@@ -1,0 +1,277 @@
+"""LeanAgent's "Merge All" datasets: one benchmark folder that is the union of several.
+
+Progressive training on merged data must not train on a theorem that an earlier stage
+tested on, or the lifelong metrics measure memorisation. `merge_datasets` writes the union
+of LeanDojo-format datasets with these rules:
+
+Corpus (``corpus.jsonl``)
+  * Files are deduplicated by ``path``. A file listed identically by several sources is
+    written once as the first source has it. If records for a path differ, the merged
+    record has the union of imports (first record's order, new ones appended) and the
+    union of premises, deduplicated by (path, full_name) with the first occurrence winning,
+    stably sorted by ``start`` position. Other keys come from the first record.
+  * Every import must name a file of the merged corpus and imports must not form a
+    cycle; otherwise LeanAgentError names the corpus line that lists the offending import.
+  * Files are written in topological order (imports first), visiting files in the order
+    they were first seen, so an already-sorted corpus keeps its order.
+
+Theorems (each split folder, e.g. ``random/``, merged on its own)
+  * Deduplicated by (file_path, full_name). The record is the one from the last source
+    that has the theorem (LeanAgent uses the most recently added repository's copy); its
+    position is where it was first seen.
+  * Its split is the strictest it has in any source: test > val > train. A theorem that
+    any source tests on is never trained on, and one any source validates on is never
+    trained on either. For ``novel_premises`` this keeps theorems out of train but does not
+    re-establish that test premises are unused in train across sources.
+
+Nothing else (metadata, attribution, other folders) is copied. The result is built in a
+temporary folder beside ``out_dir`` and renamed into place only when complete, so an error
+leaves no ``out_dir`` (and, with ``overwrite=True``, the previous one intact).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from leanagent.errors import LeanAgentError
+from leanagent.io import atomic_open, iter_jsonl, read_json, write_json
+
+DEFAULT_SPLITS = ("random", "novel_premises")
+SPLIT_FILES = ("train", "val", "test")
+_RANK = {name: rank for rank, name in enumerate(SPLIT_FILES)}
+
+__all__ = ["DEFAULT_SPLITS", "MergeStats", "merge_datasets"]
+
+
+@dataclass(frozen=True)
+class MergeStats:
+    """What a merge wrote, for logs and sanity checks.
+
+    `merged_files`: paths written as a union because their records differed between
+    sources (or repeated a premise or import); `kept_out_of_train[split]`: theorems that a
+    source had in train but another source had in val or test, so they left train.
+    """
+
+    files: int
+    premises: int
+    merged_files: int
+    theorems: dict[str, dict[str, int]] = field(default_factory=dict)
+    kept_out_of_train: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _File:
+    """First record of a path plus the union so far; `rebuild` once the union differs from it."""
+
+    record: dict[str, Any]
+    imports: list[str]
+    premises: dict[str, dict[str, Any]]
+    import_origin: dict[str, str]
+    rebuild: bool = False
+
+
+def _position(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+
+
+def _check_corpus_record(rec: Any, where: str) -> None:
+    if not isinstance(rec, dict) or not isinstance(rec.get("path"), str) or not rec["path"]:
+        raise LeanAgentError(f"{where}: corpus line needs a non-empty string 'path'")
+    imports = rec.get("imports")
+    if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
+        raise LeanAgentError(f"{where}: 'imports' of {rec['path']} must be a list of paths")
+    premises = rec.get("premises")
+    if not isinstance(premises, list):
+        raise LeanAgentError(f"{where}: 'premises' of {rec['path']} must be a list")
+    for k, p in enumerate(premises):
+        if not isinstance(p, dict) or not isinstance(p.get("full_name"), str) or not _position(p.get("start")):
+            raise LeanAgentError(
+                f"{where}: premise #{k} of {rec['path']} needs a string 'full_name' and a [line, col] 'start'"
+            )
+
+
+def _read_corpora(sources: list[Path]) -> dict[str, _File]:
+    files: dict[str, _File] = {}
+    for src in sources:
+        corpus = src / "corpus.jsonl"
+        for lineno, rec in iter_jsonl(corpus):
+            where = f"{corpus}:{lineno}"
+            _check_corpus_record(rec, where)
+            path = rec["path"]
+            seen = files.get(path)
+            if seen is None:
+                seen = files[path] = _File(record=rec, imports=[], premises={}, import_origin={})
+            elif rec == seen.record:
+                continue
+            else:
+                seen.rebuild = True
+            for imp in rec["imports"]:
+                if imp in seen.import_origin:
+                    seen.rebuild = True
+                else:
+                    seen.imports.append(imp)
+                    seen.import_origin[imp] = where
+            for p in rec["premises"]:
+                if p["full_name"] in seen.premises:
+                    seen.rebuild = True
+                else:
+                    seen.premises[p["full_name"]] = p
+    return files
+
+
+def _topological_order(files: dict[str, _File]) -> list[str]:
+    """Imports before importers, in first-seen order; rejects dangling imports and cycles."""
+    for path, f in files.items():
+        for imp in f.imports:
+            if imp not in files:
+                raise LeanAgentError(
+                    f"{f.import_origin[imp]}: {path} imports {imp}, which is in none of the merged corpora"
+                )
+    done: set[str] = set()
+    on_stack: dict[str, int] = {}
+    order: list[str] = []
+    for root in files:
+        if root in done:
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        on_stack[root] = 0
+        while stack:
+            path, k = stack[-1]
+            imports = files[path].imports
+            if k == len(imports):
+                stack.pop()
+                del on_stack[path]
+                done.add(path)
+                order.append(path)
+                continue
+            stack[-1] = (path, k + 1)
+            imp = imports[k]
+            if imp in on_stack:
+                cycle = [p for p, _ in stack[on_stack[imp] :]] + [imp]
+                raise LeanAgentError(
+                    f"{files[path].import_origin[imp]}: import cycle in merged corpus: " + " -> ".join(cycle)
+                )
+            if imp not in done:
+                on_stack[imp] = len(stack)
+                stack.append((imp, 0))
+    return order
+
+
+def _merged_record(f: _File) -> dict[str, Any]:
+    if not f.rebuild:
+        return f.record
+    premises = sorted(f.premises.values(), key=lambda p: tuple(p["start"]))
+    return {**f.record, "imports": f.imports, "premises": premises}
+
+
+def _merge_split(sources: list[Path], split: str) -> tuple[dict[str, list[dict]], int]:
+    """Theorem lists of one split folder, and how many theorems were kept out of train."""
+    best: dict[tuple[str, str], list] = {}
+    for src in sources:
+        for part in SPLIT_FILES:
+            path = src / split / f"{part}.json"
+            theorems = read_json(path)
+            if not isinstance(theorems, list):
+                raise LeanAgentError(f"{path}: expected a JSON list of theorems")
+            for k, thm in enumerate(theorems):
+                if not isinstance(thm, dict) or not all(
+                    isinstance(thm.get(key), str) for key in ("file_path", "full_name")
+                ):
+                    raise LeanAgentError(f"{path}: theorem #{k} needs string 'file_path' and 'full_name'")
+                key = (thm["file_path"], thm["full_name"])
+                entry = best.setdefault(key, [_RANK[part], thm, False])
+                entry[0] = max(entry[0], _RANK[part])
+                entry[1] = thm
+                entry[2] = entry[2] or part == "train"
+    out = {part: [thm for rank, thm, _ in best.values() if rank == _RANK[part]] for part in SPLIT_FILES}
+    moved = sum(1 for rank, _, was_train in best.values() if was_train and rank > _RANK["train"])
+    return out, moved
+
+
+def _open_permissions(root: Path) -> None:
+    """Temp files are private (0600/0700); a dataset should get the usual umask permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for folder, _, names in os.walk(root):
+        os.chmod(folder, 0o777 & ~umask)
+        for name in names:
+            os.chmod(os.path.join(folder, name), 0o666 & ~umask)
+
+
+def _split_names(split: str | Sequence[str]) -> list[str]:
+    names = [split] if isinstance(split, str) else list(split)
+    if not names or not all(isinstance(s, str) and s and "/" not in s and s not in (".", "..") for s in names):
+        raise LeanAgentError(f"split must name one or more split folders (e.g. 'random'), got {split!r}")
+    return list(dict.fromkeys(names))
+
+
+def merge_datasets(
+    sources: list[Path],
+    out_dir: Path,
+    split: str | Sequence[str] = DEFAULT_SPLITS,
+    *,
+    overwrite: bool = False,
+) -> MergeStats:
+    """Write the union of `sources` to `out_dir` (rules in the module docstring)."""
+    sources = [Path(s) for s in sources]
+    out_dir = Path(out_dir)
+    splits = _split_names(split)
+    if not sources:
+        raise LeanAgentError("merge needs at least one source dataset")
+    for src in sources:
+        if not src.is_dir():
+            raise LeanAgentError(f"source dataset folder not found: {src}")
+        if src.resolve() == out_dir.resolve():
+            raise LeanAgentError(f"output folder {out_dir} is also a source: write the merge elsewhere")
+    if out_dir.exists() and not overwrite:
+        raise LeanAgentError(f"output folder already exists: {out_dir} (remove it or allow overwriting)")
+
+    files = _read_corpora(sources)
+    order = _topological_order(files)
+    theorems = {}
+    kept_out = {}
+    for name in splits:
+        theorems[name], kept_out[name] = _merge_split(sources, name)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        with atomic_open(tmp / "corpus.jsonl", "w", encoding="utf-8") as f:
+            for path in order:
+                f.write(json.dumps(_merged_record(files[path]), ensure_ascii=False) + "\n")
+        for name, parts in theorems.items():
+            for part, thms in parts.items():
+                write_json(tmp / name / f"{part}.json", thms)
+        _open_permissions(tmp)
+        if out_dir.exists():
+            old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".old"))
+            os.replace(out_dir, old / "previous")
+            try:
+                os.replace(tmp, out_dir)
+            except BaseException:
+                os.replace(old / "previous", out_dir)
+                raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    return MergeStats(
+        files=len(order),
+        premises=sum(len(f.premises) for f in files.values()),
+        merged_files=sum(f.rebuild for f in files.values()),
+        theorems={n: {part: len(thms) for part, thms in parts.items()} for n, parts in theorems.items()},
+        kept_out_of_train=kept_out,
+    )

@@ -1,0 +1,31 @@
+"""Retrieval metrics as ReProver computes them: over all positive premises of each tactic state."""
+
+from __future__ import annotations
+
+import torch
+
+RECALL_AT = (1, 10)
+
+
+def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+    """Per-query [R@1, R@10, MRR, has_positive] from ranked ids ([B, k], -1 = nothing) and positives ([B, m], -1 pad).
+
+    Recall@k is the fraction of the query's distinct positives among its first k retrieved (in percent,
+    as ReProver logs it); MRR is 1/rank of the first positive within the retrieved list, 0 if none.
+    Queries without positives get zeros and has_positive = 0, so callers can leave them out of means.
+    """
+    valid_pos = positives >= 0
+    num_pos = valid_pos.sum(dim=1)
+    hits = ((retrieved[:, :, None] == positives[:, None, :]) & valid_pos[:, None, :]).any(-1) & (retrieved >= 0)
+    cumulative = hits.cumsum(dim=1)
+    columns = []
+    for k in RECALL_AT:
+        found = cumulative[:, min(k, hits.shape[1]) - 1] if hits.shape[1] else torch.zeros_like(num_pos)
+        columns.append(100.0 * found.float() / num_pos.clamp(min=1).float())
+    ranks = torch.arange(1, hits.shape[1] + 1, device=hits.device, dtype=torch.float32)
+    scored = torch.cat([hits.float() / ranks, torch.zeros_like(num_pos, dtype=torch.float32)[:, None]], dim=1)
+    columns.append(scored.amax(dim=1))
+    has_positive = (num_pos > 0).float()
+    return torch.stack([c * has_positive for c in columns] + [has_positive], dim=1)
+
+METRIC_NAMES = tuple(f"Recall@{k}" for k in RECALL_AT) + ("MRR",)

@@ -1,0 +1,1 @@
+"""The retriever, its encoder and the Fisher-information module."""

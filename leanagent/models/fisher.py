@@ -1,0 +1,179 @@
+"""Diagonal Fisher information of a trained retriever, for Elastic Weight Consolidation.
+
+Default (`mode: empirical`): the per-example empirical Fisher
+    F_j = (1/N) * sum_n (d loss_n / d theta_j)^2
+over the N distinct training pairs, where loss_n is the retriever's MSE loss on pair n's own
+candidates (its positive and its negatives), so it does not depend on which other pairs share
+a batch. Per-example gradients come from torch.func (vmap over grad), not a Python loop.
+
+`mode: leanagent` reproduces LeanAgent's quantity for comparison: the squared gradient of each
+batch-mean (in-batch) loss, summed over batches, summed over ranks, divided by
+len(dataset) * world_size.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from torch.func import functional_call, grad, vmap
+
+from leanagent.errors import LeanAgentError
+from leanagent.fisher_file import save_fisher, weights_fingerprint
+from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss
+
+log = logging.getLogger("leanagent")
+
+
+def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> PremiseRetriever:
+    """A retriever from a Lightning checkpoint, loaded with weights_only=True (no pickle code runs)."""
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise LeanAgentError(f"retriever checkpoint not found: {path}")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises several types for damaged or unsafe files
+        raise LeanAgentError(f"{path}: cannot load as a weights-only checkpoint ({type(e).__name__}: {e})") from None
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    if "state_dict" not in checkpoint or "model_name" not in hparams:
+        raise LeanAgentError(f"{path}: not a PremiseRetriever checkpoint (no state_dict or hyper_parameters)")
+    if model_name is not None and hparams["model_name"] != model_name:
+        raise LeanAgentError(
+            f"{path} was trained with model_name '{hparams['model_name']}', but model.model_name is '{model_name}'"
+        )
+    known = set(inspect.signature(PremiseRetriever.__init__).parameters) - {"self"}
+    retriever = PremiseRetriever(**{k: v for k, v in hparams.items() if k in known})
+    retriever.on_load_checkpoint(checkpoint)
+    retriever.load_state_dict(checkpoint["state_dict"])
+    return retriever
+
+
+class FisherInformation(L.LightningModule):
+    """Runs once over the training split (`fit`, one epoch), never updates weights, writes one safetensors file."""
+
+    needs_single_pass = True  # tells the datamodule: fixed order, each pair on exactly one rank
+
+    def __init__(
+        self,
+        ckpt_path: str = "checkpoints/retrieval/last.ckpt",
+        output_path: str = "checkpoints/fisher/fisher.safetensors",
+        mode: Literal["empirical", "leanagent"] = "empirical",
+        model_name: str = "byt5-tiny",
+        max_seq_len: int = 512,
+        chunk_size: int | None = None,
+    ) -> None:
+        """
+        Args:
+            ckpt_path: the retriever checkpoint whose Fisher is computed.
+            output_path: where global rank 0 writes the Fisher (.safetensors).
+            mode: `empirical` (per-example, see module doc) or `leanagent` (LeanAgent's batch quantity).
+            model_name: must match the checkpoint's; linked to the data module's tokenizer.
+            max_seq_len: linked from `data.max_seq_len`.
+            chunk_size: examples per vmap chunk, to bound memory (None: the whole batch).
+        """
+        super().__init__()
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        if mode not in ("empirical", "leanagent"):
+            raise LeanAgentError(f"model.mode must be 'empirical' or 'leanagent', got {mode!r}")
+        self.ckpt_path = ckpt_path
+        self.output_path = output_path
+        self.mode = mode
+        self.chunk_size = chunk_size
+        self.retriever = load_retriever(ckpt_path, model_name)
+        self.retriever.requires_grad_(True)
+        self._sum: dict[str, torch.Tensor] = {}
+        self._count = 0
+
+    def configure_optimizers(self) -> None:
+        return None
+
+    def _params(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        encoder = self.retriever.encoder
+        params = {k: v.detach() for k, v in encoder.named_parameters()}
+        buffers = {k: v.detach() for k, v in encoder.named_buffers()}
+        return params, buffers
+
+    def _encode(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
+        encoder = self.retriever.encoder
+        return lambda ids, mask: functional_call(encoder, (params, buffers), (ids, mask))
+
+    def per_example_grads(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """[B, *shape] gradients of each pair's own loss."""
+        params, buffers = self._params()
+        size = len(batch["index"])
+        per = batch["cand_ids"].shape[0] // size
+        cand_ids = batch["cand_ids"].view(size, per, -1)
+        cand_mask = batch["cand_mask"].view(size, per, -1)
+        valid = batch["cand_valid"].view(size, per)
+        rows = torch.arange(size, device=cand_ids.device)
+        own_labels = batch["labels"].view(size, size, per)[rows, rows]
+
+        def example_loss(p, query_ids, query_mask, ids, mask, ok, labels):
+            encode = self._encode(p, buffers)
+            query = encode(query_ids[None], query_mask[None])
+            candidates = encode(ids, mask)
+            return contrastive_loss(query @ candidates.T, labels[None], ok[None])
+
+        return vmap(grad(example_loss), in_dims=(None, 0, 0, 0, 0, 0, 0), chunk_size=self.chunk_size)(
+            params, batch["query_ids"], batch["query_mask"], cand_ids, cand_mask, valid, own_labels
+        )
+
+    def batch_grads(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Gradient of the in-batch training loss (LeanAgent's unit)."""
+        params, buffers = self._params()
+        return grad(lambda p: batch_loss(self._encode(p, buffers), batch))(params)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        if self.mode == "empirical":
+            squared = {k: (g.float() ** 2).sum(dim=0) for k, g in self.per_example_grads(batch).items()}
+        else:
+            squared = {k: g.float() ** 2 for k, g in self.batch_grads(batch).items()}
+        for name, value in squared.items():
+            if name in self._sum:
+                self._sum[name] += value
+            else:
+                self._sum[name] = value.clone()
+        self._count += len(batch["index"])
+
+    def on_train_epoch_end(self) -> None:
+        names = [name for name, _ in self.retriever.encoder.named_parameters()]
+        shapes = {name: p.shape for name, p in self.retriever.encoder.named_parameters()}
+        flat = torch.cat(
+            [self._sum.get(n, torch.zeros(shapes[n], device=self.device)).reshape(-1) for n in names]
+            + [torch.tensor([float(self._count)], device=self.device)]
+        ).to(torch.float64)
+        world = self.trainer.world_size
+        if dist.is_available() and dist.is_initialized() and world > 1:
+            dist.all_reduce(flat)
+        examples = int(flat[-1].item())
+        dataset_size = len(self.trainer.train_dataloader.dataset)
+        if self.mode == "empirical":
+            if examples != dataset_size:
+                raise RuntimeError(f"Fisher saw {examples} examples across ranks, expected {dataset_size}")
+            divisor = float(examples)
+        else:
+            divisor = float(dataset_size * world)
+        fisher, offset = {}, 0
+        for name in names:
+            n = shapes[name].numel()
+            fisher[f"encoder.{name}"] = (flat[offset : offset + n] / divisor).to(torch.float32).view(shapes[name]).cpu()
+            offset += n
+        if self.trainer.global_rank == 0:
+            metadata: dict[str, Any] = {
+                "format": "leanagent-fisher-v1",
+                "mode": self.mode,
+                "num_examples": examples,
+                "world_size": world,
+                "source_checkpoint": str(self.ckpt_path),
+                "model_name": self.retriever.model_name,
+                "weights_sha256": weights_fingerprint(dict(self.retriever.named_parameters())),
+            }
+            save_fisher(self.output_path, fisher, metadata)
+            log.info("wrote %s Fisher over %d examples (world size %d) to %s", self.mode, examples, world, self.output_path)
+        self.fisher = fisher

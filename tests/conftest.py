@@ -1,0 +1,115 @@
+"""Shared fixtures: small hand-made datasets, a subset of the bundled one, and a CLI runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BUNDLED = REPO / "data" / "batteries"
+
+
+def premise(name: str, start: int, end: int, code: str | None = None) -> dict:
+    return {"full_name": name, "code": code or f"theorem {name} : True", "start": [start, 1], "end": [end, 1], "kind": "commanddeclaration"}
+
+
+def tactic(state: str, provenances: list[tuple[str, str]]) -> dict:
+    return {
+        "tactic": "simp",
+        "annotated_tactic": ["simp", [{"full_name": n, "def_path": p, "def_pos": [1, 1], "def_end_pos": [1, 1]} for p, n in provenances]],
+        "state_before": state,
+        "state_after": "no goals",
+    }
+
+
+def theorem(path: str, name: str, line: int, tactics: list[dict]) -> dict:
+    return {"url": "u", "commit": "c", "file_path": path, "full_name": name, "start": [line, 1], "end": [line + 1, 1], "traced_tactics": tactics}
+
+
+def write_dataset(root: Path, corpus: list[dict], splits: dict[str, list[dict]], split_dir: str = "random") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / "corpus.jsonl", "w") as f:
+        for record in corpus:
+            f.write(json.dumps(record) + "\n")
+    (root / split_dir).mkdir(exist_ok=True)
+    for name in ("train", "val", "test"):
+        (root / split_dir / f"{name}.json").write_text(json.dumps(splits.get(name, [])))
+    return root
+
+
+def toy_corpus() -> list[dict]:
+    """A.lean <- B.lean <- C.lean (C imports B imports A); D.lean stands alone."""
+    return [
+        {"path": "A.lean", "imports": [], "premises": [premise("a1", 1, 2), premise("a2", 3, 4), premise("a3", 5, 6)]},
+        {"path": "B.lean", "imports": ["A.lean"], "premises": [premise("b1", 1, 2), premise("b2", 10, 12), premise("b3", 20, 22)]},
+        {"path": "C.lean", "imports": ["B.lean"], "premises": [premise("c1", 1, 2), premise("c2", 30, 31)]},
+        {"path": "D.lean", "imports": [], "premises": [premise("d1", 1, 2)]},
+    ]
+
+
+@pytest.fixture
+def toy_dataset(tmp_path: Path) -> Path:
+    train = [
+        theorem("C.lean", "t1", 20, [tactic("⊢ t1", [("A.lean", "a1"), ("C.lean", "c1")]), tactic("⊢ t1'", [("B.lean", "b2")])]),
+        theorem("B.lean", "t2", 15, [tactic("⊢ t2", [("A.lean", "a2"), ("Outside.lean", "x")])]),
+    ]
+    val = [theorem("C.lean", "t3", 40, [tactic("⊢ t3", [("C.lean", "c2"), ("B.lean", "b3")])])]
+    test = [theorem("B.lean", "t4", 25, [tactic("⊢ t4", [("B.lean", "b3")]), tactic("⊢ none", [])])]
+    return write_dataset(tmp_path / "toy", toy_corpus(), {"train": train, "val": val, "test": test})
+
+
+def write_subset(root: Path, n_train: int, n_eval: int) -> Path:
+    """The bundled corpus with the first theorems of each split: real data, small enough for CPU tests."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "corpus.jsonl").write_bytes((BUNDLED / "corpus.jsonl").read_bytes())
+    (root / "random").mkdir(exist_ok=True)
+    for name, n in (("train", n_train), ("val", n_eval), ("test", n_eval)):
+        theorems = json.loads((BUNDLED / "random" / f"{name}.json").read_text())
+        with_premises = [t for t in theorems if any(tt["annotated_tactic"][1] for tt in t["traced_tactics"])]
+        (root / "random" / f"{name}.json").write_text(json.dumps(with_premises[:n]))
+    return root
+
+
+@pytest.fixture(scope="session")
+def mini_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_subset(tmp_path_factory.mktemp("mini") / "batteries-mini", n_train=24, n_eval=12)
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run `main.py` as a user would, in a separate process (DDP children re-run this same command)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, str(REPO / "main.py"), *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_leak():
+    """One test's process group must not leak into the next (as litgpt's conftest does)."""
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="session")
+def retriever_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained byt5-tiny retriever saved as a Lightning checkpoint would be, without running fit."""
+    import lightning as L
+    import torch
+
+    from leanagent.models.retriever import PremiseRetriever
+
+    L.seed_everything(0)
+    model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=64)
+    path = tmp_path_factory.mktemp("ckpt") / "retriever.ckpt"
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
+    return path

@@ -1,0 +1,234 @@
+import json
+from pathlib import Path
+
+import pytest
+
+import leanagent.lifelong.merge as merge_module
+from leanagent.errors import LeanAgentError
+from leanagent.lifelong.merge import merge_datasets
+
+ROOT = Path(__file__).parents[2]
+SHARED = next((p for p in (ROOT / "shared", ROOT.parent / "shared") if p.is_dir()), ROOT.parent / "shared") / "data"
+
+
+def premise(name: str, line: int) -> dict:
+    return {
+        "full_name": name, "code": f"theorem {name}", "start": [line, 1], "end": [line, 20],
+        "kind": "commanddeclaration",
+    }  # fmt: skip
+
+
+def corpus_file(path: str, imports: list[str], premises: list[dict]) -> dict:
+    return {"path": path, "imports": imports, "premises": premises}
+
+
+def thm(file_path: str, name: str, note: str = "") -> dict:
+    return {
+        "url": "u", "commit": "c", "file_path": file_path, "full_name": name, "start": [1, 1], "end": [2, 1],
+        "traced_tactics": [
+            {"tactic": f"simp{note}", "annotated_tactic": ["simp", []], "state_before": "s", "state_after": "no goals"}
+        ],
+    }  # fmt: skip
+
+
+def write_dataset(root: Path, corpus: list[dict], splits: dict[str, dict[str, list]]) -> Path:
+    root.mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus))
+    for split, parts in splits.items():
+        (root / split).mkdir()
+        for part in ("train", "val", "test"):
+            (root / split / f"{part}.json").write_text(json.dumps(parts.get(part, [])))
+    return root
+
+
+@pytest.fixture
+def sources(tmp_path):
+    src = tmp_path / "src"
+    a = write_dataset(
+        src / "a",
+        [
+            corpus_file("Init.lean", [], [premise("init1", 1), premise("init2", 5)]),
+            corpus_file("A.lean", ["Init.lean"], [premise("a1", 1)]),
+        ],
+        {"random": {"train": [thm("A.lean", "A1"), thm("A.lean", "Shared")], "val": [thm("A.lean", "A2")],
+                    "test": [thm("A.lean", "Leak")]}},
+    )  # fmt: skip
+    b = write_dataset(
+        src / "b",
+        [
+            # Same path as a's Init.lean, different content: one shared premise, one new.
+            corpus_file("Init.lean", [], [premise("init1", 1), premise("init3", 3)]),
+            corpus_file("B.lean", ["Init.lean"], [premise("b1", 1)]),
+        ],
+        {"random": {"train": [thm("A.lean", "Leak"), thm("B.lean", "B1")], "val": [thm("A.lean", "Shared")],
+                    "test": [thm("B.lean", "B2")]}},
+    )  # fmt: skip
+    c = write_dataset(
+        src / "c",
+        [
+            corpus_file("Init.lean", [], [premise("init1", 1), premise("init2", 5)]),
+            corpus_file("A.lean", ["Init.lean"], [premise("a1", 1)]),
+            corpus_file("C.lean", ["A.lean", "B.lean"], [premise("c1", 1)]),
+        ],
+        {"random": {"train": [thm("C.lean", "C1"), thm("A.lean", "A1", note="-from-c")]}},
+    )
+    return [a, b, c]
+
+
+def names(records: list[dict]) -> list[str]:
+    return [r["full_name"] for r in records]
+
+
+def read_merged(out: Path, split: str = "random") -> tuple[list[dict], dict[str, list[dict]]]:
+    corpus = [json.loads(line) for line in (out / "corpus.jsonl").read_text().splitlines()]
+    parts = {p: json.loads((out / split / f"{p}.json").read_text()) for p in ("train", "val", "test")}
+    return corpus, parts
+
+
+def test_merge_counts_and_contents(sources, tmp_path):
+    out = tmp_path / "merged"
+    stats = merge_datasets(sources, out, split="random")
+    # files Init, A, B, C; premises init1, init2, init3, a1, b1, c1; only Init.lean differed
+    assert (stats.files, stats.premises, stats.merged_files) == (4, 6, 1)
+    # 10 theorem records, 7 distinct; Shared (train in a, val in b) and Leak (test in a,
+    # train in b) leave train
+    assert stats.theorems == {"random": {"train": 3, "val": 2, "test": 2}}
+    assert stats.kept_out_of_train == {"random": 2}
+
+    corpus, parts = read_merged(out)
+    assert [f["path"] for f in corpus] == ["Init.lean", "A.lean", "B.lean", "C.lean"]
+    init = corpus[0]
+    assert names(init["premises"]) == ["init1", "init3", "init2"]  # union, by start line 1, 3, 5
+    assert corpus[1] == corpus_file("A.lean", ["Init.lean"], [premise("a1", 1)])
+
+    assert names(parts["train"]) == ["A1", "B1", "C1"]
+    assert names(parts["val"]) == ["Shared", "A2"]
+    assert names(parts["test"]) == ["Leak", "B2"]
+    # the copy from the most recently added source wins
+    assert parts["train"][0]["traced_tactics"][0]["tactic"] == "simp-from-c"
+    assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "random"]
+
+
+def test_no_test_or_val_theorem_of_any_source_is_trained_on(sources, tmp_path):
+    merge_datasets(sources, tmp_path / "merged", split="random")
+    _, parts = read_merged(tmp_path / "merged")
+    key = lambda t: (t["file_path"], t["full_name"])  # noqa: E731
+    train = {key(t) for t in parts["train"]}
+    held_out = {key(t) for t in parts["val"] + parts["test"]}
+    assert not train & held_out
+    for src in sources:
+        for part in ("val", "test"):
+            for t in json.loads((src / "random" / f"{part}.json").read_text()):
+                assert key(t) in held_out
+
+
+def test_import_dag_is_valid_and_topological(tmp_path):
+    # The source lists an importer before its import; the merge writes imports first.
+    src = write_dataset(
+        tmp_path / "s",
+        [corpus_file("Z.lean", ["Y.lean"], []), corpus_file("Y.lean", ["X.lean"], []), corpus_file("X.lean", [], [])],
+        {"random": {}},
+    )
+    merge_datasets([src], tmp_path / "out", split="random")
+    corpus, _ = read_merged(tmp_path / "out")
+    order = [f["path"] for f in corpus]
+    assert order == ["X.lean", "Y.lean", "Z.lean"]
+    for f in corpus:
+        assert all(order.index(i) < order.index(f["path"]) for i in f["imports"])
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_dangling_import_raises_and_writes_nothing(sources, tmp_path):
+    bad = write_dataset(
+        tmp_path / "src" / "d",
+        [corpus_file("D.lean", ["Init.lean"], []), corpus_file("E.lean", ["Missing.lean"], [])],
+        {"random": {}},
+    )
+    before = leftovers(tmp_path)
+    with pytest.raises(LeanAgentError, match=r"d/corpus.jsonl:2: E.lean imports Missing.lean, which is in none"):
+        merge_datasets([*sources, bad], tmp_path / "merged", split="random")
+    assert leftovers(tmp_path) == before
+
+
+def test_import_cycle_raises(tmp_path):
+    src = write_dataset(
+        tmp_path / "s",
+        [
+            corpus_file("P.lean", ["Q.lean"], []),
+            corpus_file("Q.lean", ["R.lean"], []),
+            corpus_file("R.lean", ["P.lean"], []),
+        ],
+        {"random": {}},
+    )
+    cycle = r"s/corpus.jsonl:3: import cycle .*: P.lean -> Q.lean -> R.lean -> P.lean"
+    with pytest.raises(LeanAgentError, match=cycle):
+        merge_datasets([src], tmp_path / "out", split="random")
+    assert not (tmp_path / "out").exists()
+
+
+def test_failure_while_writing_leaves_no_out_dir(sources, tmp_path, monkeypatch):
+    def broken(path, obj):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(merge_module, "write_json", broken)
+    with pytest.raises(OSError, match="disk full"):
+        merge_datasets(sources, tmp_path / "merged", split="random")
+    assert leftovers(tmp_path) == ["src"]
+
+
+def test_existing_out_dir(sources, tmp_path):
+    out = tmp_path / "merged"
+    merge_datasets(sources[:1], out, split="random")
+    with pytest.raises(LeanAgentError, match="already exists"):
+        merge_datasets(sources, out, split="random")
+    assert read_merged(out)[0][-1]["path"] == "A.lean"  # untouched
+    merge_datasets(sources, out, split="random", overwrite=True)
+    assert read_merged(out)[0][-1]["path"] == "C.lean"
+    assert leftovers(tmp_path) == ["merged", "src"]
+    with pytest.raises(LeanAgentError, match="is also a source"):
+        merge_datasets([out], out, split="random", overwrite=True)
+
+
+def test_split_selection(sources, tmp_path):
+    # LeanDojo's two split folders by default; these toy sources only have random/.
+    with pytest.raises(LeanAgentError, match=r"a/novel_premises/train.json"):
+        merge_datasets(sources, tmp_path / "merged")
+    assert not (tmp_path / "merged").exists()
+    with pytest.raises(LeanAgentError, match="split must name"):
+        merge_datasets(sources, tmp_path / "merged", split=[])
+    stats = merge_datasets(sources, tmp_path / "merged", split=["random"])
+    assert list(stats.theorems) == ["random"]
+
+
+def test_malformed_records_are_named(tmp_path):
+    bad_premise = write_dataset(tmp_path / "p", [corpus_file("A.lean", [], [{"full_name": "x"}])], {"random": {}})
+    with pytest.raises(LeanAgentError, match=r"p/corpus.jsonl:1: premise #0 of A.lean"):
+        merge_datasets([bad_premise], tmp_path / "o1", split="random")
+    bad_thm = write_dataset(tmp_path / "t", [corpus_file("A.lean", [], [])], {"random": {"val": [{"full_name": "x"}]}})
+    with pytest.raises(LeanAgentError, match=r"t/random/val.json: theorem #0 needs"):
+        merge_datasets([bad_thm], tmp_path / "o2", split="random")
+    with pytest.raises(LeanAgentError, match="at least one source"):
+        merge_datasets([], tmp_path / "o3")
+
+
+def test_merge_two_real_lifelong_slices(tmp_path):
+    srcs = [SHARED / "lifelong" / "mathlib-logic", SHARED / "lifelong" / "mathlib-group"]
+    stats = merge_datasets(srcs, tmp_path / "merged")
+    corpora = [[json.loads(line) for line in (s / "corpus.jsonl").read_text().splitlines()] for s in srcs]
+    paths = {f["path"] for c in corpora for f in c}
+    premises = {(f["path"], p["full_name"]) for c in corpora for f in c for p in f["premises"]}
+    assert stats.files == len(paths)
+    assert stats.premises == len(premises)
+    for split in ("random", "novel_premises"):
+        corpus, parts = read_merged(tmp_path / "merged", split)
+        assert len(corpus) == len(paths)
+        assert sum(len(f["premises"]) for f in corpus) == len(premises)
+        for part in ("train", "val", "test"):
+            # theorems of the slices are disjoint, so counts add up
+            expected = sum(len(json.loads((s / split / f"{part}.json").read_text())) for s in srcs)
+            assert len(parts[part]) == stats.theorems[split][part] == expected
+        train = {(t["file_path"], t["full_name"]) for t in parts["train"]}
+        assert not train & {(t["file_path"], t["full_name"]) for t in parts["test"] + parts["val"]}

@@ -1,0 +1,98 @@
+"""Every shipped config parses through the CLI; --print_config shows the real strategy and timeout."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from leanagent.cli import LeanAgentCLI
+from leanagent.distributed import ONE_YEAR
+from tests.conftest import REPO, run_cli
+
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+CLI_CONFIGS = [c for c in CONFIGS if "model" in yaml.safe_load(c.read_text())]
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("NCCL_TIMEOUT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
+        monkeypatch.delenv(name, raising=False)
+    import torch
+
+    threads = torch.get_num_threads()
+    yield monkeypatch
+    torch.set_num_threads(threads)
+
+
+def test_there_are_configs_to_check():
+    names = {c.name for c in CLI_CONFIGS}
+    assert {"retrieval.yaml", "fisher.yaml"} <= names
+
+
+@pytest.mark.parametrize("config", CLI_CONFIGS, ids=lambda p: p.name)
+def test_config_parses_and_resolves_the_strategy(config: Path, clean_env, tmp_path, retriever_checkpoint):
+    overrides = ["--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"]
+    if "FisherInformation" in config.read_text():
+        overrides.append(f"--model.init_args.ckpt_path={retriever_checkpoint}")
+    cli = LeanAgentCLI(args=["--config", str(config), *overrides], run=False)
+    config_ns = cli.config
+    strategy = config_ns.trainer.strategy
+    assert strategy.class_path.endswith("DDPStrategy")
+    assert strategy.init_args.timeout == ONE_YEAR == timedelta(days=364)
+    assert type(cli.trainer.strategy).__name__ == "DDPStrategy"
+    assert cli.trainer.strategy._timeout == ONE_YEAR
+    assert clean_env  # fixture used for its teardown
+    import os
+
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert os.environ["NCCL_TIMEOUT"] == str(364 * 24 * 3600 * 1000)
+    # Linked, not duplicated: the data module's tokenizer follows the model.
+    assert config_ns.data.model_name == config_ns.model.init_args.model_name
+    assert config_ns.model.init_args.max_seq_len == config_ns.data.max_seq_len
+    assert config_ns.trainer.devices == 4 and config_ns.trainer.precision == "bf16-mixed"
+    assert config_ns.trainer.log_every_n_steps == 1 and config_ns.trainer.num_sanity_val_steps == 0
+    callbacks = {c.class_path.rsplit(".", 1)[-1]: c for c in config_ns.trainer.callbacks}
+    assert {"DataLoadingBarrier", "FitEndBarrier", "LearningRateMonitor", "ModelCheckpoint", "EarlyStopping"} <= set(callbacks)
+    assert callbacks["ModelCheckpoint"].init_args.monitor == "Recall@10_val"
+    assert callbacks["EarlyStopping"].init_args.patience == 5
+
+
+def test_retrieval_config_has_leanagent_optimisation_settings(clean_env, tmp_path):
+    cli = LeanAgentCLI(args=["--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu"], run=False)
+    trainer = cli.config.trainer
+    assert trainer.gradient_clip_val == 1.0 and trainer.accumulate_grad_batches == 4
+    assert cli.config.progressive.epochs_per_repo >= 1
+    assert cli.config.data.data_path == "data/batteries/random"
+
+
+def test_explicit_strategy_is_kept_and_logged(clean_env, caplog):
+    caplog.set_level("INFO", logger="leanagent")
+    cli = LeanAgentCLI(
+        args=["--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto"],
+        run=False,
+    )
+    assert type(cli.trainer.strategy).__name__ == "SingleDeviceStrategy"
+    assert "was named explicitly" in caplog.text
+
+
+def test_timeout_is_configurable_in_one_place(clean_env):
+    import os
+
+    cli = LeanAgentCLI(
+        args=["--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.strategy.init_args.timeout=2:00:00"],
+        run=False,
+    )
+    assert cli.trainer.strategy._timeout == timedelta(hours=2)
+    assert os.environ["NCCL_TIMEOUT"] == str(2 * 3600 * 1000)
+
+
+@pytest.mark.parametrize("name", ["retrieval.yaml", "fisher.yaml"])
+def test_print_config_shows_the_strategy_actually_used(name):
+    result = run_cli(["fit", "--config", f"configs/{name}", "--print_config"], cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["trainer"]["strategy"]["class_path"] == "lightning.pytorch.strategies.DDPStrategy"
+    assert printed["trainer"]["strategy"]["init_args"]["timeout"] == "364 days, 0:00:00"

@@ -1,0 +1,94 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from leanagent.data.corpus import Corpus, position_key
+from leanagent.errors import LeanAgentError
+from tests.conftest import premise, toy_corpus, write_dataset
+
+
+def load(tmp_path, records):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return Corpus.from_jsonl(path)
+
+
+def names(corpus, ids):
+    return sorted(corpus.names[i] for i in ids)
+
+
+def test_accessible_premises_follow_imports_transitively_and_positions_in_the_same_file(tmp_path):
+    corpus = load(tmp_path, toy_corpus())
+    c = corpus.file_index["C.lean"]
+    # In C at line 20: all of B and A (transitive), c1 (ends at line 2) but not c2 (line 30), never D.
+    assert names(corpus, corpus.accessible_ids(c, position_key([20, 1], "pos"))) == ["a1", "a2", "a3", "b1", "b2", "b3", "c1"]
+    b = corpus.file_index["B.lean"]
+    assert names(corpus, corpus.accessible_ids(b, position_key([15, 1], "pos"))) == ["a1", "a2", "a3", "b1", "b2"]
+    a = corpus.file_index["A.lean"]
+    assert names(corpus, corpus.accessible_ids(a, position_key([1, 1], "pos"))) == []
+
+
+def test_vectorised_mask_equals_the_per_query_rule(tmp_path):
+    corpus = load(tmp_path, toy_corpus())
+    queries = [(f, position_key([line, 1], "p")) for f in range(corpus.num_files) for line in (1, 4, 11, 25, 40)]
+    mask = corpus.accessible_mask(torch.tensor([q[0] for q in queries]), torch.tensor([q[1] for q in queries]))
+    for row, (f, pos) in zip(mask, queries):
+        assert np.flatnonzero(row.numpy()).tolist() == corpus.accessible_ids(f, pos).tolist()
+
+
+def test_closure_is_transitive_and_excludes_self(tmp_path):
+    corpus = load(tmp_path, toy_corpus())
+    idx = corpus.file_index
+    assert corpus.closure[idx["C.lean"], idx["A.lean"]]
+    assert not corpus.closure[idx["A.lean"], idx["C.lean"]]
+    assert not corpus.closure.diagonal().any()
+    assert not corpus.closure[:, idx["D.lean"]].any()
+
+
+def test_locate_by_name_then_by_position(tmp_path):
+    corpus = load(tmp_path, toy_corpus())
+    assert corpus.names[corpus.locate("B.lean", "b2")] == "b2"
+    assert corpus.names[corpus.locate("B.lean", "renamed", [11, 1])] == "b2"
+    assert corpus.locate("B.lean", "renamed", [50, 1]) is None
+    assert corpus.locate("Nowhere.lean", "b2", [11, 1]) is None
+
+
+@pytest.mark.parametrize(
+    "records, message",
+    [
+        ([{"path": "A.lean", "imports": ["Missing.lean"], "premises": []}], "imports 'Missing.lean', which is not in the corpus"),
+        ([{"path": "A.lean", "imports": ["B.lean"], "premises": []}, {"path": "B.lean", "imports": ["A.lean"], "premises": []}], "import cycle: A.lean -> B.lean -> A.lean"),
+        ([{"path": "A.lean", "imports": [], "premises": []}, {"path": "A.lean", "imports": [], "premises": []}], ":2: file 'A.lean' already listed on line 1"),
+        ([{"path": "A.lean", "premises": []}], ":1: missing field 'imports'"),
+        ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "", "start": [1, 1]}]}], "premises[0]: missing field 'end'"),
+        ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "", "start": [1], "end": [2, 1]}]}], "premises[0].start: expected a position"),
+        ([], "the corpus is empty"),
+    ],
+)
+def test_bad_corpora_give_one_clear_error(tmp_path, records, message):
+    with pytest.raises(LeanAgentError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.").replace("[", r"\[").replace("]", r"\]")):
+        load(tmp_path, records)
+
+
+def test_malformed_json_line_names_file_and_line(tmp_path):
+    path = tmp_path / "corpus.jsonl"
+    path.write_text(json.dumps({"path": "A.lean", "imports": [], "premises": []}) + "\n{not json\n")
+    with pytest.raises(LeanAgentError, match=r"corpus\.jsonl:2: malformed JSON line"):
+        Corpus.from_jsonl(path)
+
+
+def test_missing_corpus_file(tmp_path):
+    with pytest.raises(LeanAgentError, match="not found"):
+        Corpus.from_jsonl(tmp_path / "nope.jsonl")
+
+
+def test_bundled_corpus_loads_with_consistent_ranges():
+    from tests.conftest import BUNDLED
+
+    corpus = Corpus.from_jsonl(BUNDLED / "corpus.jsonl")
+    assert len(corpus) == 3139 and corpus.num_files == 192
+    lo, hi = corpus.file_ranges.T
+    assert (hi - lo).sum() == len(corpus)
+    assert all((corpus.premise_file[l:h] == f).all() for f, (l, h) in enumerate(corpus.file_ranges))

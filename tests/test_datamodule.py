@@ -1,0 +1,100 @@
+import numpy as np
+import pytest
+import torch
+
+from leanagent.data.datamodule import RetrievalDataModule
+from leanagent.data.samplers import UnpaddedDistributedSampler
+from leanagent.errors import LeanAgentError
+from tests.conftest import tactic, theorem, toy_corpus, write_dataset
+
+
+def datamodule(root, **kwargs):
+    return RetrievalDataModule(data_path=str(root / "random"), corpus_path=str(root / "corpus.jsonl"), max_seq_len=32, **kwargs)
+
+
+def test_labels_mark_every_positive_of_a_query_not_only_its_own(toy_dataset):
+    dm = datamodule(toy_dataset, num_negatives=2, num_in_file_negatives=1)
+    pairs = dm.train_pairs
+    assert len(pairs) == 4  # t1 tactic 0 has two positives, the others one each
+    batch = dm.collate_train([pairs[i] for i in range(len(pairs))])
+    corpus = dm.corpus
+    candidates = torch.cat([torch.tensor([pairs[i]["positive"]] + pairs[i]["negatives"].tolist()) for i in range(4)])
+    for q in range(4):
+        state = pairs[q]["state"]
+        positives = set(dm.states("train").positives[state])
+        for j, c in enumerate(candidates.tolist()):
+            assert batch["labels"][q, j].item() == float(c in positives and c >= 0), (q, j, corpus.names[c])
+    # Query 0 and 1 share a state with positives {a1, c1}: each one's positive is a positive of the other.
+    assert batch["labels"][0, 3] == 1.0 and batch["labels"][1, 0] == 1.0
+    assert batch["cand_valid"].tolist() == (candidates >= 0).tolist()
+    assert batch["query_ids"].shape[0] == 4 and batch["cand_ids"].shape[0] == 12
+
+
+def test_negatives_depend_on_seed_epoch_and_index_only(toy_dataset):
+    dm = datamodule(toy_dataset)
+    first = [dm.train_pairs[i]["negatives"].tolist() for i in range(4)]
+    again = [datamodule(toy_dataset).train_pairs[i]["negatives"].tolist() for i in reversed(range(4))][::-1]
+    assert first == again
+
+    other_seed = datamodule(toy_dataset, seed=1)
+    draws = lambda d: [d.train_pairs[i]["negatives"].tolist() for i in range(4)]
+    assert any(draws(datamodule(toy_dataset, seed=s)) != first for s in range(1, 6))
+    assert draws(other_seed) == draws(datamodule(toy_dataset, seed=1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_negatives": 2, "num_in_file_negatives": 3}, r"num_in_file_negatives \(3\) must lie between 0 and data.num_negatives \(2\)"),
+        ({"num_negatives": 0}, "num_negatives must be at least 1"),
+        ({"batch_size": 0}, "batch_size must be positive"),
+        ({"predict_splits": ["dev"]}, "unknown split"),
+    ],
+)
+def test_inconsistent_settings_are_rejected(toy_dataset, kwargs, message):
+    with pytest.raises(LeanAgentError, match=message):
+        datamodule(toy_dataset, **kwargs)
+
+
+def test_missing_paths_are_rejected(tmp_path, toy_dataset):
+    with pytest.raises(LeanAgentError, match="data.corpus_path not found"):
+        RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(tmp_path / "none.jsonl"))
+    with pytest.raises(LeanAgentError, match="data.data_path is not a folder"):
+        RetrievalDataModule(data_path=str(tmp_path / "none"), corpus_path=str(toy_dataset / "corpus.jsonl"))
+
+
+def test_missing_split_file(toy_dataset):
+    (toy_dataset / "random" / "val.json").unlink()
+    with pytest.raises(LeanAgentError, match="val split not found"):
+        datamodule(toy_dataset).states("val")
+
+
+def test_empty_training_split_is_an_error(tmp_path):
+    no_premises = [theorem("B.lean", "t", 15, [tactic("s", [])])]
+    root = write_dataset(tmp_path / "d", toy_corpus(), {"train": no_premises})
+    with pytest.raises(LeanAgentError, match=r"train\.json: no training examples"):
+        datamodule(root).train_pairs
+
+
+def test_eval_batches_carry_all_positives_and_positions(toy_dataset):
+    dm = datamodule(toy_dataset)
+    batch = next(iter(dm.eval_dataloader("test")))
+    assert batch["index"].tolist() == [0, 1]
+    assert batch["positives"][0].tolist()[0] == dm.corpus.names.index("b3")
+    assert (batch["positives"][1] == -1).all()  # the tactic without premises
+
+
+@pytest.mark.parametrize("size, world", [(10, 3), (2, 4), (9, 3), (0, 2)])
+def test_unpadded_sampler_covers_each_index_exactly_once(size, world):
+    dataset = list(range(size))
+    shards = [list(UnpaddedDistributedSampler(dataset, num_replicas=world, rank=r)) for r in range(world)]
+    assert sorted(i for s in shards for i in s) == list(range(size))
+    assert [len(UnpaddedDistributedSampler(dataset, world, r)) for r in range(world)] == [len(s) for s in shards]
+
+
+def test_byte_tokenizer_matches_byt5_and_truncates_keeping_eos():
+    from leanagent.data.tokenizer import ByteTokenizer
+
+    ids, lengths = ByteTokenizer().encode(["ab", "é" + "x" * 10], max_len=5)
+    assert ids[0].tolist() == [ord("a") + 3, ord("b") + 3, 1, 0, 0] and lengths[0] == 3
+    assert ids[1].tolist() == [0xC3 + 3, 0xA9 + 3, ord("x") + 3, ord("x") + 3, 1] and lengths[1] == 5

@@ -1,0 +1,29 @@
+import torch
+
+from leanagent.metrics import retrieval_metrics
+
+
+def test_recall_and_mrr_against_hand_computed_values():
+    # Query 0: positives {3, 9}; 3 at rank 2 and 9 at rank 3 -> R@1 0, R@10 100, MRR 1/2.
+    # Query 1: positive {4} never retrieved -> 0, 0, 0.
+    # Query 2: positives {7, 8, 11}; 7 at rank 1 -> R@1 = 1/3, R@10 = 2/3 (11 absent), MRR 1.
+    # Query 3: no positives -> excluded (has_positive 0).
+    retrieved = torch.tensor([[5, 3, 9, -1], [1, 2, -1, -1], [7, 0, 8, 6], [1, 2, 3, 4]])
+    positives = torch.tensor([[3, 9, -1], [4, -1, -1], [7, 8, 11], [-1, -1, -1]])
+    values = retrieval_metrics(retrieved, positives)
+    expected = torch.tensor(
+        [[0.0, 100.0, 0.5, 1.0], [0.0, 0.0, 0.0, 1.0], [100 / 3, 200 / 3, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
+    )
+    torch.testing.assert_close(values, expected)
+
+
+def test_recall_at_10_counts_only_the_first_ten():
+    retrieved = torch.arange(20)[None]
+    positives = torch.tensor([[9, 10]])  # rank 10 and rank 11
+    r1, r10, mrr, _ = retrieval_metrics(retrieved, positives)[0].tolist()
+    assert (r1, r10) == (0.0, 50.0) and abs(mrr - 0.1) < 1e-7
+
+
+def test_padding_minus_one_is_never_a_hit():
+    values = retrieval_metrics(torch.tensor([[-1, -1]]), torch.tensor([[5, -1]]))
+    assert values[0, :3].tolist() == [0.0, 0.0, 0.0]
