@@ -104,8 +104,22 @@ def main(args: list[str] | None = None) -> None:
     _setup_logging()
     try:
         LeanAgentCLI(args=args)
-    except LeanAgentError as e:
+    except Exception as e:
+        user_error = _user_error(e)
+        if user_error is None:
+            raise
         rank = os.environ.get("LOCAL_RANK", "0")
         prefix = "error" if rank == "0" else f"error (rank {rank})"
-        print(f"{prefix}: {e}", file=sys.stderr)
+        print(f"{prefix}: {user_error}", file=sys.stderr)
         sys.exit(2)
+
+
+def _user_error(error: BaseException | None) -> LeanAgentError | None:
+    """jsonargparse wraps exceptions raised while instantiating classes; find ours in the chain."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, LeanAgentError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

@@ -111,5 +111,6 @@ def retriever_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     L.seed_everything(0)
     model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=64)
     path = tmp_path_factory.mktemp("ckpt") / "retriever.ckpt"
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams)}, path)
+    hparams = {"_class_path": "leanagent.models.retriever.PremiseRetriever", **model.hparams}  # as LightningCLI saves it
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": L.__version__}, path)
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -109,3 +110,20 @@ def test_fisher_agrees_across_world_sizes_and_batch_sizes(trained, workdir, mini
     assert meta["source_checkpoint"] == str(checkpoint)
     train = json.loads((mini_dataset / "random" / "train.json").read_text())
     assert int(meta["num_examples"]) > len(train)  # pairs: at least one per theorem here, more for multi-premise tactics
+
+
+def test_resuming_trains_epochs_per_repo_more_epochs(trained, workdir, mini_dataset):
+    checkpoint, _ = trained
+    first = torch.load(checkpoint, weights_only=True, map_location="cpu")
+    result = run_cli(
+        ["fit", "--config", RETRIEVAL, *common(1), *data_args(mini_dataset), f"--ckpt_path={checkpoint}", "--progressive.epochs_per_repo=2", "--data.batch_size=4"],
+        cwd=workdir,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert f"progressive training from epoch {first['epoch'] + 1} to max_epochs={first['epoch'] + 3}" in result.stderr
+    resumed = torch.load(checkpoint, weights_only=True, map_location="cpu")
+    from leanagent.data.datamodule import RetrievalDataModule
+
+    pairs = len(RetrievalDataModule(data_path=str(mini_dataset / "random"), corpus_path=str(mini_dataset / "corpus.jsonl")).train_pairs)
+    steps_per_epoch = math.ceil(math.ceil(pairs / 4) / 4)  # one rank, batch 4, accumulate_grad_batches 4
+    assert resumed["global_step"] == first["global_step"] + 2 * steps_per_epoch
