@@ -118,7 +118,7 @@ class FisherInformation(L.LightningModule):
             encode = self._encode(p, buffers)
             query = encode(query_ids[None], query_mask[None])
             candidates = encode(ids, mask)
-            return contrastive_loss(query @ candidates.T, labels[None], ok[None])
+            return contrastive_loss(query @ candidates.T, labels[None], ok[None], self.retriever.loss)
 
         return vmap(grad(example_loss), in_dims=(None, 0, 0, 0, 0, 0, 0), chunk_size=self.chunk_size)(
             params, batch["query_ids"], batch["query_mask"], cand_ids, cand_mask, valid, own_labels
@@ -127,7 +127,7 @@ class FisherInformation(L.LightningModule):
     def batch_grads(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Gradient of the in-batch training loss (LeanAgent's unit)."""
         params, buffers = self._params()
-        return grad(lambda p: batch_loss(self._encode(p, buffers), batch))(params)
+        return grad(lambda p: batch_loss(self._encode(p, buffers), batch, self.retriever.loss))(params)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         if self.mode == "empirical":

@@ -14,17 +14,37 @@ from leanagent.metrics import METRIC_NAMES, retrieval_metrics
 from leanagent.models.encoder import Encoder
 
 
-def contrastive_loss(similarity: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """ReProver's MSE between cosine similarities and 0/1 labels, over real (not padded) candidates."""
+def contrastive_loss(
+    similarity: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, loss: str = "mse", temperature: float = 0.05
+) -> torch.Tensor:
+    """Loss of cosine similarities [B, C] against 0/1 labels, over real (not padded) candidates.
+
+    `mse` is ReProver's and LeanAgent's: (similarity - label)^2 averaged over valid entries.
+    `infonce` is the multi-positive softmax loss: -log(sum over positives / sum over candidates) of
+    exp(similarity / temperature), averaged over queries that have a positive. It depends only on
+    how candidates rank against each other, so it keeps what an encoder already ranks well.
+    """
     weight = valid.to(similarity.dtype).expand_as(similarity)
-    return ((similarity - labels) ** 2 * weight).sum() / weight.sum().clamp(min=1)
+    if loss == "mse":
+        return ((similarity - labels) ** 2 * weight).sum() / weight.sum().clamp(min=1)
+    logits = (similarity / temperature).masked_fill(weight == 0, float("-inf"))
+    positive_logits = logits.masked_fill(labels * weight == 0, float("-inf"))
+    has_positive = (labels * weight).sum(dim=1) > 0
+    # Rows without a positive get a zero loss with finite gradients (not 0 * NaN through torch.where).
+    positive_logits = torch.where(has_positive[:, None], positive_logits, logits)
+    per_query = torch.logsumexp(logits, dim=1) - torch.logsumexp(positive_logits, dim=1)
+    per_query = torch.where(has_positive, per_query, torch.zeros_like(per_query))
+    return per_query.sum() / has_positive.sum().clamp(min=1)
 
 
-def batch_loss(encode, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+LOSSES = ("mse", "infonce")
+
+
+def batch_loss(encode, batch: dict[str, torch.Tensor], loss: str = "mse") -> torch.Tensor:
     """The in-batch loss: every query against every candidate of the batch (its own and the others')."""
     queries = encode(batch["query_ids"], batch["query_mask"])
     candidates = encode(batch["cand_ids"], batch["cand_mask"])
-    return contrastive_loss(queries @ candidates.T, batch["labels"], batch["cand_valid"][None, :])
+    return contrastive_loss(queries @ candidates.T, batch["labels"], batch["cand_valid"][None, :], loss)
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int):
@@ -49,6 +69,7 @@ class PremiseRetriever(L.LightningModule):
         max_seq_len: int = 512,
         weight_decay: float = 0.0,
         length_bucket: int = 16,
+        loss: str = "mse",
     ) -> None:
         """
         Args:
@@ -60,10 +81,13 @@ class PremiseRetriever(L.LightningModule):
             weight_decay: AdamW weight decay.
             length_bucket: sequences encoded per call, grouped by length, so one long premise
                 does not pad a whole batch (attention cost grows with the square of the length).
+            loss: `mse` (ReProver/LeanAgent) or `infonce` (see `contrastive_loss`).
         """
         super().__init__()
         # num_retrieved is an evaluation setting: LightningCLI would let a checkpoint's value override the user's.
         self.save_hyperparameters(ignore=["num_retrieved"])
+        if loss not in LOSSES:
+            raise LeanAgentError(f"model.loss must be one of {LOSSES}, got {loss!r}")
         if num_retrieved < 1:
             raise LeanAgentError(f"model.num_retrieved must be at least 1, got {num_retrieved}")
         self.model_name = model_name
@@ -72,6 +96,7 @@ class PremiseRetriever(L.LightningModule):
         self.num_retrieved = num_retrieved
         self.weight_decay = weight_decay
         self.length_bucket = length_bucket
+        self.loss = loss
         self.encoder = Encoder(model_name)
         self.corpus_embeddings: torch.Tensor | None = None
         self._embedded_at: int | None = None
@@ -88,7 +113,7 @@ class PremiseRetriever(L.LightningModule):
 
     # Training.
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss = batch_loss(self, batch)
+        loss = batch_loss(self, batch, self.loss)
         self.log("loss_train", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=len(batch["index"]))
         return loss
 
