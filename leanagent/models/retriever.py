@@ -70,6 +70,9 @@ class PremiseRetriever(L.LightningModule):
         weight_decay: float = 0.0,
         length_bucket: int = 16,
         loss: str = "mse",
+        fisher_path: str | None = None,
+        ewc_lambda: float = 0.0,
+        ewc_form: str = "paper",
     ) -> None:
         """
         Args:
@@ -82,10 +85,15 @@ class PremiseRetriever(L.LightningModule):
             length_bucket: sequences encoded per call, grouped by length, so one long premise
                 does not pad a whole batch (attention cost grows with the square of the length).
             loss: `mse` (ReProver/LeanAgent) or `infonce` (see `contrastive_loss`).
+            fisher_path: a Fisher file; with `ewc_lambda` > 0 training adds the EWC penalty towards
+                the weights that Fisher was computed on (see leanagent/ewc.py).
+            ewc_lambda: EWC strength (0 disables it).
+            ewc_form: `paper` (lambda/2 * sum F (theta - theta*)^2) or `leanagent` (no 1/2).
         """
         super().__init__()
-        # num_retrieved is an evaluation setting: LightningCLI would let a checkpoint's value override the user's.
-        self.save_hyperparameters(ignore=["num_retrieved"])
+        # LightningCLI lets a checkpoint's hyperparameters override the command line, so settings that
+        # belong to a run rather than to the weights (evaluation size, EWC of this stage) are not saved.
+        self.save_hyperparameters(ignore=["num_retrieved", "fisher_path", "ewc_lambda", "ewc_form"])
         if loss not in LOSSES:
             raise LeanAgentError(f"model.loss must be one of {LOSSES}, got {loss!r}")
         if num_retrieved < 1:
@@ -98,8 +106,16 @@ class PremiseRetriever(L.LightningModule):
         self.length_bucket = length_bucket
         self.loss = loss
         self.encoder = Encoder(model_name)
+        self.ewc = None
+        if fisher_path and ewc_lambda > 0:
+            from leanagent.ewc import load_ewc
+
+            self.ewc = load_ewc(fisher_path, dict(self.encoder_parameters()), ewc_lambda, ewc_form)
         self.corpus_embeddings: torch.Tensor | None = None
         self._embedded_at: int | None = None
+
+    def encoder_parameters(self):
+        return ((f"encoder.{name}", p) for name, p in self.encoder.named_parameters())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Embeddings in input order, computed on length-sorted chunks trimmed to their own longest row."""
@@ -113,8 +129,14 @@ class PremiseRetriever(L.LightningModule):
 
     # Training.
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        size = len(batch["index"])
         loss = batch_loss(self, batch, self.loss)
-        self.log("loss_train", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=len(batch["index"]))
+        if self.ewc is not None:
+            penalty = self.ewc(dict(self.encoder_parameters()))
+            self.log("loss_retrieval_train", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
+            self.log("ewc_penalty_train", penalty, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
+            loss = loss + penalty
+        self.log("loss_train", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=size)
         return loss
 
     def on_train_epoch_start(self) -> None:

@@ -1,0 +1,73 @@
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from leanagent.errors import LeanAgentError
+from leanagent.ewc import EWCPenalty, combine_fisher, load_ewc
+from leanagent.fisher_file import save_fisher, weights_fingerprint
+from leanagent.models.fisher import load_retriever
+from leanagent.models.retriever import PremiseRetriever
+
+
+def test_penalty_value_and_gradient_by_hand():
+    fisher = {"w": torch.tensor([2.0, 0.5]), "b": torch.tensor([4.0])}
+    theta_star = {"w": torch.tensor([1.0, -1.0]), "b": torch.tensor([0.0])}
+    w = torch.tensor([3.0, 1.0], requires_grad=True)
+    b = torch.tensor([0.5], requires_grad=True)
+    penalty = EWCPenalty(fisher, theta_star, lam=0.1)({"w": w, "b": b})
+    # sum F (theta - theta*)^2 = 2*4 + 0.5*4 + 4*0.25 = 11; paper form: 0.1 / 2 * 11 = 0.55
+    assert penalty.item() == pytest.approx(0.55)
+    penalty.backward()
+    # d/dtheta = lambda * F * (theta - theta*) = 0.1 * [2*2, 0.5*2], 0.1 * [4*0.5]
+    assert w.grad.tolist() == pytest.approx([0.4, 0.1]) and b.grad.tolist() == pytest.approx([0.2])
+    leanagent = EWCPenalty(fisher, theta_star, lam=0.1, form="leanagent")({"w": w, "b": b})
+    assert leanagent.item() == pytest.approx(1.1)
+
+
+def test_penalty_is_zero_without_lambda_or_change():
+    fisher = {"w": torch.rand(5)}
+    theta = {"w": torch.randn(5)}
+    assert EWCPenalty(fisher, theta, lam=0.0)({"w": torch.randn(5)}).item() == 0.0
+    assert EWCPenalty(fisher, theta, lam=3.0)({"w": theta["w"].clone()}).item() == 0.0
+
+
+def fisher_for(checkpoint, path, value=1.0):
+    model = load_retriever(checkpoint)
+    params = dict(model.named_parameters())
+    save_fisher(path, {k: torch.full_like(v, value) for k, v in params.items()}, {
+        "mode": "empirical", "source_checkpoint": str(checkpoint), "weights_sha256": weights_fingerprint(params)})
+    return model
+
+
+def test_retriever_with_ewc_is_pulled_towards_theta_star(retriever_checkpoint, tmp_path):
+    anchor = fisher_for(retriever_checkpoint, tmp_path / "f.safetensors")
+    model = PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=2.0)
+    params = dict(model.encoder_parameters())
+    expected = sum(((params[k] - v) ** 2).sum() for k, v in anchor.named_parameters())  # F = 1, lambda/2 = 1
+    assert model.ewc(params).item() == pytest.approx(expected.item(), rel=1e-5)
+    model.load_state_dict(anchor.state_dict())
+    assert model.ewc(dict(model.encoder_parameters())).item() == 0.0
+    assert not any(k.startswith("ewc.") for k in model.state_dict())  # checkpoints stay loadable without EWC
+
+
+def test_fisher_whose_weights_changed_is_refused(retriever_checkpoint, tmp_path):
+    fisher_for(retriever_checkpoint, tmp_path / "f.safetensors")
+    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
+    name = next(iter(checkpoint["state_dict"]))
+    checkpoint["state_dict"][name] = checkpoint["state_dict"][name] + 1
+    torch.save(checkpoint, retriever_checkpoint.parent / "moved.ckpt")
+    retriever_checkpoint.rename(retriever_checkpoint.parent / "orig.ckpt")
+    (retriever_checkpoint.parent / "moved.ckpt").rename(retriever_checkpoint)
+    try:
+        with pytest.raises(LeanAgentError, match="fingerprint mismatch"):
+            load_ewc(tmp_path / "f.safetensors", dict(load_retriever(retriever_checkpoint).named_parameters()), 1.0)
+    finally:
+        (retriever_checkpoint.parent / "orig.ckpt").replace(retriever_checkpoint)
+
+
+def test_online_combination(retriever_checkpoint, tmp_path):
+    fisher_for(retriever_checkpoint, tmp_path / "old.safetensors", value=2.0)
+    fisher_for(retriever_checkpoint, tmp_path / "new.safetensors", value=3.0)
+    combine_fisher(tmp_path / "old.safetensors", tmp_path / "new.safetensors", 0.5, tmp_path / "both.safetensors")
+    combined = load_file(str(tmp_path / "both.safetensors"))
+    assert all(torch.all(t == 0.5 * 2.0 + 3.0) for t in combined.values())
