@@ -100,10 +100,19 @@ def _setup_logging() -> None:
         logger.propagate = False
 
 
+LIFELONG_COMMANDS = ("lifelong", "ablation", "curriculum")
+
+
 def main(args: list[str] | None = None) -> None:
     _setup_logging()
+    argv = sys.argv[1:] if args is None else args
     try:
-        LeanAgentCLI(args=args)
+        if argv and argv[0] in LIFELONG_COMMANDS:
+            from leanagent.lifelong.cli import main as lifelong_main
+
+            lifelong_main(argv[0], argv[1:])
+        else:
+            LeanAgentCLI(args=args)
     except Exception as e:
         user_error = _user_error(e)
         if user_error is None:

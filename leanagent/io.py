@@ -13,6 +13,14 @@ from typing import IO, Any
 from leanagent.errors import LeanAgentError
 
 
+def _publish(tmp: str, target: Path) -> None:
+    """mkstemp makes 0600 files; give the result the permissions a plain open() would."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, target)
+
+
 def require_file(path: str | os.PathLike, what: str) -> Path:
     """Fail early, naming the setting, instead of deep inside a loader."""
     p = Path(path)
@@ -57,7 +65,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, target)
+        _publish(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -71,7 +79,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
-        os.replace(tmp, target)
+        _publish(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -7,6 +7,7 @@ runs after the datamodule's) really runs before any file is read.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -141,6 +142,7 @@ class RetrievalDataModule(L.LightningDataModule):
         self.predict_splits = list(predict_splits)
         self._corpus: Corpus | None = None
         self._corpus_tokens: TokenTable | None = None
+        self._corpus_fingerprint: str | None = None
         self._tokenizer = None
         self._states: dict[str, TacticStates] = {}
         self._state_tokens: dict[str, TokenTable] = {}
@@ -158,6 +160,13 @@ class RetrievalDataModule(L.LightningDataModule):
         if self._corpus is None:
             self._corpus = Corpus.from_jsonl(self.corpus_path)
         return self._corpus
+
+    @property
+    def corpus_fingerprint(self) -> str:
+        """Identifies the corpus by content, so identical copies share one set of embeddings."""
+        if self._corpus_fingerprint is None:
+            self._corpus_fingerprint = hashlib.sha256(self.corpus_path.read_bytes()).hexdigest()
+        return self._corpus_fingerprint
 
     @property
     def corpus_tokens(self) -> TokenTable:

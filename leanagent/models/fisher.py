@@ -155,7 +155,10 @@ class FisherInformation(L.LightningModule):
         dataset_size = len(self.trainer.train_dataloader.dataset)
         if self.mode == "empirical":
             if examples != dataset_size:
-                raise RuntimeError(f"Fisher saw {examples} examples across ranks, expected {dataset_size}")
+                raise LeanAgentError(
+                    f"the Fisher pass saw {examples} of {dataset_size} training pairs: it needs the whole split "
+                    "(do not set trainer.limit_train_batches or max_steps for it)"
+                )
             divisor = float(examples)
         else:
             divisor = float(dataset_size * world)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -158,12 +159,14 @@ class PremiseRetriever(L.LightningModule):
         datamodule = self.trainer.datamodule
         num_premises = len(datamodule.corpus)
         world, rank = self.trainer.world_size, self.trainer.global_rank
-        mine = torch.arange(rank, num_premises, world)
+        mine = np.arange(rank, num_premises, world)
+        by_length = np.argsort(datamodule.corpus_tokens.lengths[mine], kind="stable")  # little padding per batch
         chunks = [
             self(batch["ids"].to(self.device), batch["mask"].to(self.device))
-            for batch in datamodule.corpus_dataloader(mine.numpy())
+            for batch in datamodule.corpus_dataloader(mine[by_length])
         ]
         local = torch.cat(chunks) if chunks else torch.zeros(0, self._embedding_dim(), device=self.device)
+        local = local[torch.from_numpy(np.argsort(by_length)).to(self.device)]
         if world == 1:
             return local
         per_rank = math.ceil(num_premises / world)
@@ -180,9 +183,11 @@ class PremiseRetriever(L.LightningModule):
         return self.encoder.t5.config.d_model
 
     def _ensure_corpus_embeddings(self) -> None:
-        if self.corpus_embeddings is None or self._embedded_at != self.global_step:
+        """Embed the corpus once per weight version and corpus file, not once per evaluation call."""
+        key = (self.global_step, self.trainer.datamodule.corpus_fingerprint)
+        if self.corpus_embeddings is None or self._embedded_at != key:
             self.corpus_embeddings = self.embed_corpus()
-            self._embedded_at = self.global_step
+            self._embedded_at = key
 
     @torch.no_grad()
     def retrieve(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

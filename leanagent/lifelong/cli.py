@@ -1,0 +1,103 @@
+"""Commands `lifelong`, `ablation` and `curriculum` (`python main.py <command> --config ...`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+from leanagent.io import atomic_open, write_json
+from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
+from leanagent.lifelong.repositories import Repositories, resolve_repositories
+from leanagent.lifelong.runner import EWCSettings, LifelongRun, LifelongSettings
+
+log = logging.getLogger("leanagent")
+
+
+@dataclass
+class Setup:
+    """One row of LeanAgent's Table 4: repository order, dataset construction, EWC on or off."""
+
+    name: str
+    order: Literal["curriculum", "given"] = "curriculum"
+    construction: Literal["single_repo", "merge_all"] = "single_repo"
+    ewc: bool = False
+
+
+@dataclass
+class AblationSettings:
+    base: str = "configs/lifelong.yaml"
+    output_dir: str = "results/ablation"
+    setups: list[Setup] = field(default_factory=list)
+
+
+def _parser(kind: type, prog: str, description: str) -> ArgumentParser:
+    parser = ArgumentParser(prog=prog, description=description, exit_on_error=True)
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of settings")
+    parser.add_class_arguments(kind, as_group=False)
+    return parser
+
+
+def parse_lifelong(argv: list[str]) -> LifelongSettings:
+    parser = _parser(LifelongSettings, "main.py lifelong", "Run LeanAgent's lifelong learning over repositories.")
+    config = parser.parse_args(argv).as_dict()
+    config.pop("config", None)
+    settings = LifelongSettings(**{k: v for k, v in config.items() if k not in ("repositories", "ewc")})
+    settings.repositories = Repositories(**(config.get("repositories") or {}))
+    settings.ewc = EWCSettings(**(config.get("ewc") or {}))
+    return settings
+
+
+def run_ablation(argv: list[str]) -> list[dict]:
+    parser = _parser(AblationSettings, "main.py ablation", "Run every setup of LeanAgent's Table 4 and tabulate them.")
+    config = parser.parse_args(argv).as_dict()
+    base = parse_lifelong(["--config", config["base"]])
+    rows = []
+    out = Path(config["output_dir"])
+    for setup in [Setup(**s) if isinstance(s, dict) else s for s in config["setups"]]:
+        settings = replace(base, output_dir=str(out / setup.name), order=setup.order, construction=setup.construction,
+                           ewc=replace(base.ewc, enabled=setup.ewc))
+        log.info("ablation setup %s: order=%s construction=%s ewc=%s", setup.name, setup.order, setup.construction, setup.ewc)
+        state = LifelongRun(settings).run()
+        summary = json.loads((Path(settings.output_dir) / "results.json").read_text())
+        rows.append({"setup": setup.name, "order": setup.order, "construction": setup.construction, "ewc": setup.ewc,
+                     **summary["metrics"], "final_avg_test_R@10": summary["average_test_recall10"][-1],
+                     "stages": len(state["stages"])})
+    write_json(out / "ablation.json", rows)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    with atomic_open(out / "ablation.csv", "w", encoding="utf-8", newline="") as f:
+        f.write(buffer.getvalue())
+    print(format_table(rows))
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    columns = list(rows[0])
+    cells = [[f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    line = lambda values: "  ".join(v.rjust(w) for v, w in zip(values, widths))
+    return "\n".join([line(columns), *(line(row) for row in cells)])
+
+
+def main(command: str, argv: list[str]) -> None:
+    if command == "lifelong":
+        settings = parse_lifelong(argv)
+        state = LifelongRun(settings).run()
+        summary = json.loads((Path(settings.output_dir) / "results.json").read_text())
+        print(format_table([{"order": " > ".join(state["order"]), **summary["metrics"]}]))
+        print(f"results in {settings.output_dir}: results.json, evaluations.csv, lifelong.png")
+    elif command == "ablation":
+        run_ablation(argv)
+    elif command == "curriculum":
+        settings = parse_lifelong(argv)
+        repos = resolve_repositories(settings.repositories, Path(settings.output_dir))
+        print(format_curriculum(compute_curriculum(repos, settings.split)))

@@ -1,0 +1,38 @@
+"""In-process evaluation of one checkpoint on several datasets (one device; no DDP needed to evaluate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+
+from leanagent.data.datamodule import RetrievalDataModule
+from leanagent.metrics import METRIC_NAMES
+from leanagent.models.fisher import load_retriever
+
+
+def evaluate_checkpoint(
+    checkpoint: Path,
+    datasets: dict[str, tuple[Path, Path]],
+    split: str,
+    precision: str = "32-true",
+    eval_batch_size: int = 64,
+    num_retrieved: int = 100,
+) -> dict[str, dict[str, float]]:
+    """{name: {Recall@1, Recall@10, MRR}} on `split` ("val" or "test") of each (data_path, corpus_path)."""
+    model = load_retriever(checkpoint)
+    model.num_retrieved = num_retrieved
+    trainer = L.Trainer(
+        accelerator="auto", devices=1, precision=precision, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    results: dict[str, dict[str, float]] = {}
+    for name, (data_path, corpus_path) in datasets.items():
+        datamodule = RetrievalDataModule(
+            data_path=str(data_path), corpus_path=str(corpus_path), eval_batch_size=eval_batch_size,
+            max_seq_len=model.hparams.max_seq_len, model_name=model.model_name,
+        )
+        run = trainer.test if split == "test" else trainer.validate
+        logged = run(model, datamodule=datamodule, verbose=False)[0]
+        results[name] = {metric: float(logged[f"{metric}_{split}"]) for metric in METRIC_NAMES}
+    return results

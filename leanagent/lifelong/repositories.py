@@ -1,0 +1,100 @@
+"""Where a lifelong run's repositories come from: dataset folders on disk, or the bundled dataset split by folder.
+
+Splitting the bundled dataset: a theorem belongs to the repository named by its file's
+folder two levels deep (`Batteries/Data/List/Basic.lean` -> `Data/List`) when that folder
+holds at least `min_theorems` theorems; otherwise to its top-level folder (`Data`) when the
+theorems left there number at least `min_theorems`; all others are pooled into `other`. Each repository keeps every
+theorem's original split (train/val/test, in every split folder) and the whole corpus, as
+LeanAgent's per-repository datasets carry their dependencies.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from leanagent.errors import LeanAgentError
+from leanagent.io import read_json, write_json
+
+SPLIT_FILES = ("train", "val", "test")
+
+
+@dataclass
+class Repositories:
+    """Either `data_root` + `names` (dataset folders), or `bundled` (a dataset to split by folder)."""
+
+    data_root: str | None = None
+    names: list[str] | None = None
+    bundled: str | None = "data/batteries"
+    min_theorems: int = 150
+
+
+def _split_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "train.json").is_file())
+
+
+def _folder(path: str, depth: int) -> str:
+    parts = path.split("/")[1:-1]  # drop the package root and the file name
+    return "/".join(parts[:depth])
+
+
+def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str, Path]:
+    """Write one dataset folder per repository under `out_root` (idempotent: same input, same output)."""
+    splits = _split_folders(dataset)
+    if not splits:
+        raise LeanAgentError(f"{dataset}: no split folder with train.json")
+    reference = splits[0]
+    theorems = {s: read_json(dataset / reference / f"{s}.json") for s in SPLIT_FILES}
+    paths = [t["file_path"] for s in SPLIT_FILES for t in theorems[s]]
+    deep = Counter(_folder(p, 2) for p in paths)
+    is_deep = lambda path: bool(_folder(path, 2)) and deep[_folder(path, 2)] >= min_theorems
+    rest = Counter(_folder(p, 1) for p in paths if not is_deep(p))
+
+    def repository(path: str) -> str:
+        if is_deep(path):
+            return _folder(path, 2)
+        if _folder(path, 1) and rest[_folder(path, 1)] >= min_theorems:
+            return _folder(path, 1)
+        return "other"
+
+    names = sorted({repository(p) for p in paths})
+    out: dict[str, Path] = {}
+    for name in names:
+        slug = name.replace("/", "-").lower()
+        target = out_root / slug
+        if (target / "done.json").is_file():
+            out[slug] = target
+            continue
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        shutil.copyfile(dataset / "corpus.jsonl", target / "corpus.jsonl")
+        for split in splits:
+            for part in SPLIT_FILES:
+                kept = [t for t in read_json(dataset / split / f"{part}.json") if repository(t["file_path"]) == name]
+                write_json(target / split / f"{part}.json", kept)
+        write_json(target / "done.json", {"source": str(dataset), "folder": name, "min_theorems": min_theorems})
+        out[slug] = target
+    return out
+
+
+def resolve_repositories(spec: Repositories, work_dir: Path) -> dict[str, Path]:
+    """Name -> dataset folder, in the given order."""
+    if spec.data_root is not None:
+        root = Path(spec.data_root)
+        names = spec.names or sorted(p.name for p in root.iterdir() if (p / "corpus.jsonl").is_file())
+        repos = {name: root / name for name in names}
+        for name, path in repos.items():
+            if not (path / "corpus.jsonl").is_file():
+                raise LeanAgentError(f"repositories.data_root: {path} has no corpus.jsonl")
+        if not repos:
+            raise LeanAgentError(f"repositories.data_root: no dataset folders in {root}")
+        return repos
+    if spec.bundled is None:
+        raise LeanAgentError("repositories: set either data_root (with names) or bundled")
+    dataset = Path(spec.bundled)
+    if not (dataset / "corpus.jsonl").is_file():
+        raise LeanAgentError(f"repositories.bundled: {dataset} has no corpus.jsonl")
+    return split_bundled(dataset, work_dir / "repositories", spec.min_theorems)

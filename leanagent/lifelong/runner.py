@@ -1,0 +1,181 @@
+"""LeanAgent's lifelong loop: one stage per repository, resumable after any interruption.
+
+A stage: build its training data (`single_repo` or `merge_all`), fit `epochs_per_repo` epochs
+resuming from the previous stage's last checkpoint (a `main.py fit` subprocess, so DDP, the
+strategy and the barriers are the CLI's), optionally compute its Fisher for the next stage's
+EWC, then evaluate test metrics on every repository seen so far and validation metrics on the
+current one. A stage's results enter `state.json` (written atomically) only once all of it has
+finished; a restart with the same command skips finished stages and redoes an unfinished one
+from scratch, so the final table equals that of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from leanagent.errors import LeanAgentError
+from leanagent.ewc import combine_fisher
+from leanagent.io import read_json, write_json
+from leanagent.lifelong.curriculum import compute_curriculum
+from leanagent.lifelong.evaluation import evaluate_checkpoint
+from leanagent.lifelong.merge import merge_datasets
+from leanagent.lifelong.report import write_report
+from leanagent.lifelong.repositories import Repositories, resolve_repositories
+
+log = logging.getLogger("leanagent")
+
+
+@dataclass
+class EWCSettings:
+    enabled: bool = False
+    ewc_lambda: float = 0.1
+    gamma: float = 1.0
+    form: Literal["paper", "leanagent"] = "paper"
+
+
+@dataclass
+class LifelongSettings:
+    """One lifelong run. Paths are relative to the working directory."""
+
+    output_dir: str = "results/lifelong"
+    repositories: Repositories = field(default_factory=Repositories)
+    order: Literal["curriculum", "given"] = "curriculum"
+    construction: Literal["single_repo", "merge_all"] = "single_repo"
+    ewc: EWCSettings = field(default_factory=EWCSettings)
+    epochs_per_repo: int = 1
+    split: str = "random"
+    retrieval_config: str = "configs/retrieval.yaml"
+    fisher_config: str = "configs/fisher.yaml"
+    stage_args: list[str] = field(default_factory=list)
+    eval_precision: str = "32-true"
+    eval_batch_size: int = 64
+    metric_window: int = 5
+    seed: int = 3407
+
+
+def settings_fingerprint(settings: LifelongSettings) -> str:
+    """What makes two runs the same run; output_dir is where, not what."""
+    described = {k: v for k, v in asdict(settings).items() if k != "output_dir"}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list[str]:
+    if settings.order == "given":
+        return list(repos)
+    return compute_curriculum(repos, settings.split).order
+
+
+def _run(command: list[str], cwd: Path, what: str) -> None:
+    cwd.mkdir(parents=True, exist_ok=True)
+    log.info("%s: %s", what, " ".join(command[2:]))
+    env = dict(os.environ)
+    result = subprocess.run(command, cwd=cwd, env=env)
+    if result.returncode != 0:
+        raise LeanAgentError(f"{what} failed with exit code {result.returncode} (logs in {cwd})")
+
+
+class LifelongRun:
+    def __init__(self, settings: LifelongSettings) -> None:
+        if settings.epochs_per_repo < 1:
+            raise LeanAgentError(f"epochs_per_repo must be at least 1, got {settings.epochs_per_repo}")
+        self.settings = settings
+        self.out = Path(settings.output_dir).resolve()
+        self.state_path = self.out / "state.json"
+
+    def _load_state(self, order: list[str]) -> dict:
+        fingerprint = settings_fingerprint(self.settings)
+        if self.state_path.is_file():
+            state = read_json(self.state_path)
+            if state.get("fingerprint") != fingerprint or state.get("order") != order:
+                raise LeanAgentError(
+                    f"{self.out} holds a lifelong run with other settings; choose another output_dir or delete it"
+                )
+            return state
+        return {"fingerprint": fingerprint, "order": order, "settings": asdict(self.settings), "stages": []}
+
+    def run(self) -> dict:
+        s = self.settings
+        self.out.mkdir(parents=True, exist_ok=True)
+        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
+        order = repository_order(s, repos)
+        state = self._load_state(order)
+        write_json(self.state_path, state)
+        for index in range(len(state["stages"]), len(order)):
+            stage = self._run_stage(index, order, repos, state)
+            state["stages"].append(stage)
+            write_json(self.state_path, state)
+            log.info("stage %d/%d (%s) done", index + 1, len(order), order[index])
+        write_report(self.out, state, s.metric_window)
+        return state
+
+    def _stage_dir(self, index: int, name: str) -> Path:
+        return self.out / "stages" / f"{index:02d}-{name}"
+
+    def _training_data(self, index: int, order: list[str], repos: dict[str, Path], stage_dir: Path) -> Path:
+        if self.settings.construction == "single_repo":
+            return repos[order[index]]
+        target = stage_dir / "data"
+        merge_datasets([repos[n] for n in order[: index + 1]], target, split=self.settings.split)
+        return target
+
+    def _run_stage(self, index: int, order: list[str], repos: dict[str, Path], state: dict) -> dict:
+        s = self.settings
+        name = order[index]
+        stage_dir = self._stage_dir(index, name)
+        if stage_dir.exists():
+            shutil.rmtree(stage_dir)  # left by an interrupted run: redo it from scratch
+        stage_dir.mkdir(parents=True)
+        data = self._training_data(index, order, repos, stage_dir)
+        previous = state["stages"][-1] if state["stages"] else None
+
+        fit = [sys.executable, "-m", "leanagent", "fit", "--config", str(Path(s.retrieval_config).resolve()),
+               *self._data_args(data), f"--progressive.epochs_per_repo={s.epochs_per_repo}",
+               f"--seed_everything={s.seed}", "--trainer.enable_progress_bar=false", *s.stage_args]
+        if previous is not None:
+            fit.append(f"--ckpt_path={previous['checkpoint']}")
+            if s.ewc.enabled and previous.get("fisher"):
+                fit += [f"--model.init_args.fisher_path={previous['fisher']}",
+                        f"--model.init_args.ewc_lambda={s.ewc.ewc_lambda}", f"--model.init_args.ewc_form={s.ewc.form}"]
+        _run(fit, stage_dir / "fit", f"stage {index} fit on {name}")
+        checkpoint = stage_dir / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
+        if not checkpoint.is_file():
+            raise LeanAgentError(f"stage {index}: fit wrote no {checkpoint}")
+
+        fisher = None
+        if s.ewc.enabled and index < len(order) - 1:
+            fisher = self._fisher(index, name, data, checkpoint, stage_dir, previous)
+
+        seen = {n: (repos[n] / s.split, repos[n] / "corpus.jsonl") for n in order[: index + 1]}
+        test = evaluate_checkpoint(checkpoint, seen, "test", s.eval_precision, s.eval_batch_size)
+        val = evaluate_checkpoint(checkpoint, {name: seen[name]}, "val", s.eval_precision, s.eval_batch_size)[name]
+        stage = {"index": index, "repository": name, "checkpoint": str(checkpoint),
+                 "fisher": str(fisher) if fisher else None, "test": test, "val": val}
+        write_json(stage_dir / "stage.json", stage)
+        return stage
+
+    def _fisher(self, index: int, name: str, data: Path, checkpoint: Path, stage_dir: Path, previous: dict | None) -> Path:
+        s = self.settings
+        new = stage_dir / "fisher-stage.safetensors"
+        command = [sys.executable, "-m", "leanagent", "fit", "--config", str(Path(s.fisher_config).resolve()),
+                   *self._data_args(data), f"--model.init_args.ckpt_path={checkpoint}",
+                   f"--model.init_args.output_path={new}", f"--seed_everything={s.seed}",
+                   "--trainer.enable_progress_bar=false", *s.stage_args]
+        _run(command, stage_dir / "fisher", f"stage {index} Fisher on {name}")
+        combined = stage_dir / "fisher.safetensors"
+        if previous is not None and previous.get("fisher"):
+            combine_fisher(previous["fisher"], new, s.ewc.gamma, combined)
+        else:
+            new.replace(combined)
+        return combined
+
+    def _data_args(self, data: Path) -> list[str]:
+        return [f"--data.data_path={data / self.settings.split}", f"--data.corpus_path={data / 'corpus.jsonl'}"]
