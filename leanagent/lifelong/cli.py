@@ -54,13 +54,19 @@ def parse_lifelong(argv: list[str]) -> LifelongSettings:
     return settings
 
 
-def run_ablation(argv: list[str]) -> list[dict]:
+def parse_ablation(argv: list[str]) -> AblationSettings:
     parser = _parser(AblationSettings, "main.py ablation", "Run every setup of LeanAgent's Table 4 and tabulate them.")
     config = parser.parse_args(argv).as_dict()
-    base = parse_lifelong(["--config", config["base"]])
+    setups = [Setup(**s) if isinstance(s, dict) else s for s in config["setups"]]
+    return AblationSettings(base=config["base"], output_dir=config["output_dir"], setups=setups)
+
+
+def run_ablation(argv: list[str]) -> list[dict]:
+    ablation = parse_ablation(argv)
+    base = parse_lifelong(["--config", ablation.base])
     rows = []
-    out = Path(config["output_dir"])
-    for setup in [Setup(**s) if isinstance(s, dict) else s for s in config["setups"]]:
+    out = Path(ablation.output_dir)
+    for setup in ablation.setups:
         settings = replace(base, output_dir=str(out / setup.name), order=setup.order, construction=setup.construction,
                            ewc=replace(base.ewc, enabled=setup.ewc))
         log.info("ablation setup %s: order=%s construction=%s ewc=%s", setup.name, setup.order, setup.construction, setup.ewc)
