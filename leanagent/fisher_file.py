@@ -44,20 +44,26 @@ def read_fisher_metadata(path: str | os.PathLike) -> dict[str, str]:
         raise LeanAgentError(f"{p}: not a readable safetensors Fisher file ({e})") from None
 
 
+def check_state_dict(saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
+    """Same names and shapes, or one error naming the first difference (checkpoints and Fisher files)."""
+    missing = sorted(set(expected) - set(saved))
+    unexpected = sorted(set(saved) - set(expected))
+    if missing or unexpected:
+        raise LeanAgentError(
+            f"{what} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    for name, tensor in expected.items():
+        if tuple(saved[name].shape) != tuple(tensor.shape):
+            raise LeanAgentError(
+                f"{what} does not match the model: '{name}' has shape {tuple(saved[name].shape)}, "
+                f"expected {tuple(tensor.shape)}"
+            )
+
+
 def load_fisher(path: str | os.PathLike, expected: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Load a Fisher file, refusing one whose parameter names or shapes differ from `expected`'s."""
     metadata = read_fisher_metadata(path)
     with safe_open(str(path), framework="pt") as f:
         fisher = {name: f.get_tensor(name) for name in f.keys()}
-    missing = sorted(set(expected) - set(fisher))
-    extra = sorted(set(fisher) - set(expected))
-    if missing or extra:
-        raise LeanAgentError(
-            f"{path}: Fisher parameters do not match the model (missing {missing[:3]}, unexpected {extra[:3]})"
-        )
-    for name, tensor in expected.items():
-        if tuple(fisher[name].shape) != tuple(tensor.shape):
-            raise LeanAgentError(
-                f"{path}: Fisher of '{name}' has shape {tuple(fisher[name].shape)}, the model's is {tuple(tensor.shape)}"
-            )
+    check_state_dict(fisher, expected, f"{path}: Fisher")
     return fisher, metadata

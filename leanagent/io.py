@@ -85,6 +85,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         raise
 
 
+def write_csv(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
+    """Rows of one shape as CSV with a header, written atomically."""
+    import csv
+
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, ensure_ascii=False)

@@ -108,7 +108,7 @@ def test_fisher_file_with_other_names_or_shapes_is_refused(tmp_path, retriever_c
     with pytest.raises(LeanAgentError, match="has shape"):
         load_fisher(path, params)
     save_fisher(path, {k: torch.ones_like(v) for k, v in list(params.items())[1:]}, {})
-    with pytest.raises(LeanAgentError, match="do not match the model"):
+    with pytest.raises(LeanAgentError, match="does not match the model: missing"):
         load_fisher(path, params)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -12,7 +10,7 @@ from typing import Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from leanagent.io import atomic_open, write_json
+from leanagent.io import write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
 from leanagent.lifelong.repositories import Repositories, resolve_repositories
 from leanagent.lifelong.runner import EWCSettings, LifelongRun, LifelongSettings
@@ -76,12 +74,7 @@ def run_ablation(argv: list[str]) -> list[dict]:
                      **summary["metrics"], "final_avg_test_R@10": summary["average_test_recall10"][-1],
                      "stages": len(state["stages"])})
     write_json(out / "ablation.json", rows)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    with atomic_open(out / "ablation.csv", "w", encoding="utf-8", newline="") as f:
-        f.write(buffer.getvalue())
+    write_csv(out / "ablation.csv", rows)
     print(format_table(rows))
     return rows
 

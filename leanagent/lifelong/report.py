@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from pathlib import Path
 
-from leanagent.io import atomic_open, atomic_write, write_json
+from leanagent.io import atomic_write, write_csv, write_json
 from leanagent.lifelong.metrics import average_test_recall, lifelong_metrics
 
 
@@ -35,12 +33,7 @@ def write_report(out: Path, state: dict, window: int = 5) -> dict:
                "test_recall10_matrix": matrix, "average_test_recall10": average_test_recall(matrix),
                "val_recall10": val, "evaluations": rows}
     write_json(out / "results.json", summary)
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    with atomic_open(out / "evaluations.csv", "w", encoding="utf-8", newline="") as f:
-        f.write(buffer.getvalue())
+    write_csv(out / "evaluations.csv", rows)
     write_figure(out / "lifelong.png", state["order"], matrix)
     return summary
 

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from leanagent.errors import LeanAgentError
+from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import METRIC_NAMES, retrieval_metrics
 from leanagent.models.encoder import Encoder
 
@@ -266,17 +267,3 @@ class PremiseRetriever(L.LightningModule):
             )
         check_state_dict(checkpoint.get("state_dict", {}), self.state_dict(), "checkpoint")
 
-
-def check_state_dict(saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:
-    missing = sorted(set(expected) - set(saved))
-    unexpected = sorted(set(saved) - set(expected))
-    if missing or unexpected:
-        raise LeanAgentError(
-            f"{what} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
-    for name, tensor in expected.items():
-        if tuple(saved[name].shape) != tuple(tensor.shape):
-            raise LeanAgentError(
-                f"{what} does not match the model: '{name}' has shape {tuple(saved[name].shape)}, "
-                f"expected {tuple(tensor.shape)}"
-            )
