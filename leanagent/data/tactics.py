@@ -26,6 +26,7 @@ class TacticStates:
     theorem_names: list[str] = field(default_factory=list)
     tactic_indices: list[int] = field(default_factory=list)
     unresolved: int = 0
+    _positives_array: np.ndarray | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.states)
@@ -37,11 +38,13 @@ class TacticStates:
 
     def positives_array(self) -> np.ndarray:
         """Positives padded with -1 to a [N, max] array, so batches can test membership without sets."""
-        width = max([len(p) for p in self.positives] + [1])
-        out = np.full((len(self), width), -1, dtype=np.int64)
-        for i, ids in enumerate(self.positives):
-            out[i, : len(ids)] = ids
-        return out
+        if self._positives_array is None or len(self._positives_array) != len(self):
+            width = max([len(p) for p in self.positives] + [1])
+            out = np.full((len(self), width), -1, dtype=np.int64)
+            for i, ids in enumerate(self.positives):
+                out[i, : len(ids)] = ids
+            self._positives_array = out
+        return self._positives_array
 
 
 def load_tactic_states(split_file: str | os.PathLike, corpus: Corpus) -> TacticStates:
