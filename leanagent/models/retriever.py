@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -114,9 +115,10 @@ class PremiseRetriever(L.LightningModule):
 
             self.ewc = load_ewc(fisher_path, dict(self.encoder_parameters()), ewc_lambda, ewc_form)
         self.corpus_embeddings: torch.Tensor | None = None
-        self._embedded_at: int | None = None
+        self._embedded_at: tuple[int, str] | None = None
 
-    def encoder_parameters(self):
+    def encoder_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """Parameters under the names checkpoints and Fisher files use."""
         return ((f"encoder.{name}", p) for name, p in self.encoder.named_parameters())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
