@@ -9,8 +9,6 @@ position test inside the query's own file, which vectorises over all premises.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
@@ -43,14 +41,6 @@ def _field(record: object, name: str, kind: type | tuple[type, ...], where: str)
     if not isinstance(value, kind):
         raise LeanAgentError(f"{where}: field '{name}' has the wrong type ({type(value).__name__})")
     return value
-
-
-@dataclass(frozen=True)
-class Premise:
-    id: int
-    full_name: str
-    path: str
-    code: str
 
 
 class Corpus:
@@ -141,11 +131,6 @@ class Corpus:
     @property
     def num_files(self) -> int:
         return len(self.paths)
-
-    def premise(self, premise_id: int) -> Premise:
-        return Premise(
-            premise_id, self.names[premise_id], self.paths[self.premise_file[premise_id]], self.codes[premise_id]
-        )
 
     def _import_closure(self) -> np.ndarray:
         """closure[f, g] is True when file f imports g directly or transitively (never f itself)."""
