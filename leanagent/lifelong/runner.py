@@ -78,6 +78,9 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
     cwd.mkdir(parents=True, exist_ok=True)
     log.info("%s: %s", what, " ".join(command[2:]))
     env = dict(os.environ)
+    # Stages import the same leanagent as this process, whatever is installed elsewhere.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     result = subprocess.run(command, cwd=cwd, env=env)
     if result.returncode != 0:
         raise LeanAgentError(f"{what} failed with exit code {result.returncode} (logs in {cwd})")
