@@ -60,6 +60,15 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str,
         return "other"
 
     names = sorted({repository(p) for p in paths})
+    # Each split file is read once and partitioned, not re-read for every repository.
+    parts: dict[tuple[str, str], dict[str, list]] = {}
+    for split in splits:
+        for part in SPLIT_FILES:
+            by_repository: dict[str, list] = {name: [] for name in names}
+            for t in read_json(dataset / split / f"{part}.json"):
+                if repository(t["file_path"]) in by_repository:
+                    by_repository[repository(t["file_path"])].append(t)
+            parts[split, part] = by_repository
     out: dict[str, Path] = {}
     for name in names:
         slug = name.replace("/", "-").lower()
@@ -71,10 +80,8 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str,
             shutil.rmtree(target)
         target.mkdir(parents=True)
         shutil.copyfile(dataset / "corpus.jsonl", target / "corpus.jsonl")
-        for split in splits:
-            for part in SPLIT_FILES:
-                kept = [t for t in read_json(dataset / split / f"{part}.json") if repository(t["file_path"]) == name]
-                write_json(target / split / f"{part}.json", kept)
+        for (split, part), by_repository in parts.items():
+            write_json(target / split / f"{part}.json", by_repository[name])
         write_json(target / "done.json", {"source": str(dataset), "folder": name, "min_theorems": min_theorems})
         out[slug] = target
     return out
