@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -68,11 +67,10 @@ def run_ablation(argv: list[str]) -> list[dict]:
         settings = replace(base, output_dir=str(out / setup.name), order=setup.order, construction=setup.construction,
                            ewc=replace(base.ewc, enabled=setup.ewc))
         log.info("ablation setup %s: order=%s construction=%s ewc=%s", setup.name, setup.order, setup.construction, setup.ewc)
-        state = LifelongRun(settings).run()
-        summary = json.loads((Path(settings.output_dir) / "results.json").read_text())
+        summary = LifelongRun(settings).run()
         rows.append({"setup": setup.name, "order": setup.order, "construction": setup.construction, "ewc": setup.ewc,
                      **summary["metrics"], "final_avg_test_R@10": summary["average_test_recall10"][-1],
-                     "stages": len(state["stages"])})
+                     "stages": len(summary["test_recall10_matrix"])})
     write_json(out / "ablation.json", rows)
     write_csv(out / "ablation.csv", rows)
     print(format_table(rows))
@@ -90,9 +88,8 @@ def format_table(rows: list[dict]) -> str:
 def main(command: str, argv: list[str]) -> None:
     if command == "lifelong":
         settings = parse_lifelong(argv)
-        state = LifelongRun(settings).run()
-        summary = json.loads((Path(settings.output_dir) / "results.json").read_text())
-        print(format_table([{"order": " > ".join(state["order"]), **summary["metrics"]}]))
+        summary = LifelongRun(settings).run()
+        print(format_table([{"order": " > ".join(summary["order"]), **summary["metrics"]}]))
         print(f"results in {settings.output_dir}: results.json, evaluations.csv, lifelong.png")
     elif command == "ablation":
         run_ablation(argv)

@@ -106,6 +106,7 @@ class LifelongRun:
         return {"fingerprint": fingerprint, "order": order, "settings": asdict(self.settings), "stages": []}
 
     def run(self) -> dict:
+        """Run (or finish) every stage; returns the report summary that results.json holds."""
         s = self.settings
         self.out.mkdir(parents=True, exist_ok=True)
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
@@ -117,8 +118,7 @@ class LifelongRun:
             state["stages"].append(stage)
             write_json(self.state_path, state)
             log.info("stage %d/%d (%s) done", index + 1, len(order), order[index])
-        write_report(self.out, state, s.metric_window)
-        return state
+        return write_report(self.out, state, s.metric_window)
 
     def _stage_dir(self, index: int, name: str) -> Path:
         return self.out / "stages" / f"{index:02d}-{name}"
@@ -140,9 +140,7 @@ class LifelongRun:
         data = self._training_data(index, order, repos, stage_dir)
         previous = state["stages"][-1] if state["stages"] else None
 
-        fit = [sys.executable, "-m", "leanagent", "fit", "--config", str(Path(s.retrieval_config).resolve()),
-               *self._data_args(data), f"--progressive.epochs_per_repo={s.epochs_per_repo}",
-               f"--seed_everything={s.seed}", "--trainer.enable_progress_bar=false", *s.stage_args]
+        fit = self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}")
         if previous is not None:
             fit.append(f"--ckpt_path={previous['checkpoint']}")
             if s.ewc.enabled and previous.get("fisher"):
@@ -168,10 +166,9 @@ class LifelongRun:
     def _fisher(self, index: int, name: str, data: Path, checkpoint: Path, stage_dir: Path, previous: dict | None) -> Path:
         s = self.settings
         new = stage_dir / "fisher-stage.safetensors"
-        command = [sys.executable, "-m", "leanagent", "fit", "--config", str(Path(s.fisher_config).resolve()),
-                   *self._data_args(data), f"--model.init_args.ckpt_path={checkpoint}",
-                   f"--model.init_args.output_path={new}", f"--seed_everything={s.seed}",
-                   "--trainer.enable_progress_bar=false", *s.stage_args]
+        command = self._fit_command(
+            s.fisher_config, data, f"--model.init_args.ckpt_path={checkpoint}", f"--model.init_args.output_path={new}"
+        )
         _run(command, stage_dir / "fisher", f"stage {index} Fisher on {name}")
         combined = stage_dir / "fisher.safetensors"
         if previous is not None and previous.get("fisher"):
@@ -180,5 +177,9 @@ class LifelongRun:
             new.replace(combined)
         return combined
 
-    def _data_args(self, data: Path) -> list[str]:
-        return [f"--data.data_path={data / self.settings.split}", f"--data.corpus_path={data / 'corpus.jsonl'}"]
+    def _fit_command(self, config: str, data: Path, *extra: str) -> list[str]:
+        """`python -m leanagent fit` on a stage's data; the user's stage_args come last and win."""
+        s = self.settings
+        return [sys.executable, "-m", "leanagent", "fit", "--config", str(Path(config).resolve()),
+                f"--data.data_path={data / s.split}", f"--data.corpus_path={data / 'corpus.jsonl'}", *extra,
+                f"--seed_everything={s.seed}", "--trainer.enable_progress_bar=false", *s.stage_args]
