@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-import lightning as L
+import pytorch_lightning as pl
 import torch
 
 from leanagent.data.datamodule import RetrievalDataModule
@@ -27,7 +27,7 @@ from leanagent.models.retriever import LOSSES, PremiseRetriever
 METRICS = ("Recall@1_val", "Recall@10_val", "MRR_val")
 
 
-class Report(L.Callback):
+class Report(pl.Callback):
     """Prints the validation metrics and timings after every validation run."""
 
     def __init__(self) -> None:
@@ -35,16 +35,16 @@ class Report(L.Callback):
         self.train_seconds = 0.0
         self._train_start = self._val_start = 0.0
 
-    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_start = time.perf_counter()
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_start = time.perf_counter()
         # In fit, validation runs at the end of the training epoch: its training time ends here.
         self._epoch_train = self._val_start - self._train_start if trainer.state.fn == "fit" else 0.0
         self.train_seconds += self._epoch_train
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         fitting = trainer.state.fn == "fit"
         row = {
             "epoch": trainer.current_epoch + 1 if fitting else 0,
@@ -87,7 +87,7 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    L.seed_everything(args.seed)  # before building the model, as LightningCLI does: same initial weights
+    pl.seed_everything(args.seed)  # before building the model, as LightningCLI does: same initial weights
     data = RetrievalDataModule(
         data_path=args.data_path,
         corpus_path=args.corpus_path,
@@ -104,7 +104,7 @@ def main() -> None:
         loss=args.loss,
     )
     report = Report()
-    trainer = L.Trainer(
+    trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
         strategy="auto",

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import lightning as L
+import pytorch_lightning as pl
 from jsonargparse import Namespace
-from lightning.pytorch.cli import LightningCLI
+from pytorch_lightning.cli import LightningCLI
 
 from leanagent.callbacks.progressive import ProgressiveTraining
 from leanagent.data.datamodule import RetrievalDataModule
@@ -35,7 +35,7 @@ class LeanAgentCLI(LightningCLI):
     """`model: class_path: ...` picks PremiseRetriever or FisherInformation; the data module is shared."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("model_class", L.LightningModule)
+        kwargs.setdefault("model_class", pl.LightningModule)
         kwargs.setdefault("datamodule_class", RetrievalDataModule)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})

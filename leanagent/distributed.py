@@ -19,7 +19,7 @@ from leanagent.errors import LeanAgentError
 log = logging.getLogger("leanagent")
 
 ONE_YEAR = timedelta(seconds=7 * 24 * 60 * 60 * 52)
-DDP_CLASS_PATH = "lightning.pytorch.strategies.DDPStrategy"
+DDP_CLASS_PATH = "pytorch_lightning.strategies.DDPStrategy"
 
 
 def default_strategy(timeout: timedelta = ONE_YEAR) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def default_strategy(timeout: timedelta = ONE_YEAR) -> dict[str, Any]:
 
 def ddp_strategy(timeout: timedelta = ONE_YEAR, **kwargs: Any):
     """The same strategy as a live object, for code that builds a Trainer without the CLI."""
-    from lightning.pytorch.strategies import DDPStrategy
+    from pytorch_lightning.strategies import DDPStrategy
 
     return DDPStrategy(timeout=timeout, **kwargs)
 

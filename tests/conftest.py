@@ -12,6 +12,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "data" / "batteries"
+# Real datasets beside the checkout (../shared, as CI lays it out) or inside it; a fresh clone has neither.
+SHARED_DATA = next((p for p in (REPO / "shared", REPO.parent / "shared") if p.is_dir()), REPO.parent / "shared") / "data"
+
+
+def shared_data(*parts: str) -> Path:
+    """A path under ../shared/data, or a skip that says why: only CI and developers have that folder."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"needs {path} (the project's shared datasets, present in CI, absent from a fresh clone)")
+    return path
 
 
 def premise(name: str, start: int, end: int, code: str | None = None) -> dict:
@@ -103,14 +113,14 @@ def _no_process_group_leak():
 @pytest.fixture(scope="session")
 def retriever_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained byt5-tiny retriever saved as a Lightning checkpoint would be, without running fit."""
-    import lightning as L
+    import pytorch_lightning as pl
     import torch
 
     from leanagent.models.retriever import PremiseRetriever
 
-    L.seed_everything(0)
+    pl.seed_everything(0)
     model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=64)
     path = tmp_path_factory.mktemp("ckpt") / "retriever.ckpt"
     hparams = {"_class_path": "leanagent.models.retriever.PremiseRetriever", **model.hparams}  # as LightningCLI saves it
-    torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": L.__version__}, path)
+    torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": pl.__version__}, path)
     return path

@@ -11,6 +11,8 @@ import torch
 
 from tests.conftest import REPO, run_cli, theorem, toy_corpus, write_dataset
 
+pytestmark = pytest.mark.slow  # real subprocesses
+
 RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
 FISHER = str(REPO / "configs" / "fisher.yaml")
 ONE_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]

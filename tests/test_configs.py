@@ -89,10 +89,11 @@ def test_timeout_is_configurable_in_one_place(clean_env):
     assert os.environ["NCCL_TIMEOUT"] == str(2 * 3600 * 1000)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["retrieval.yaml", "fisher.yaml"])
 def test_print_config_shows_the_strategy_actually_used(name):
     result = run_cli(["fit", "--config", f"configs/{name}", "--print_config"], cwd=REPO)
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)
-    assert printed["trainer"]["strategy"]["class_path"] == "lightning.pytorch.strategies.DDPStrategy"
+    assert printed["trainer"]["strategy"]["class_path"] == "pytorch_lightning.strategies.DDPStrategy"
     assert printed["trainer"]["strategy"]["init_args"]["timeout"] == "364 days, 0:00:00"

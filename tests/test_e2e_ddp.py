@@ -13,6 +13,8 @@ from safetensors.torch import load_file
 
 from tests.conftest import REPO, run_cli
 
+pytestmark = pytest.mark.slow  # real subprocesses
+
 RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
 FISHER = str(REPO / "configs" / "fisher.yaml")
 
@@ -47,7 +49,7 @@ def test_fit_on_two_gloo_ranks(trained):
         assert re.search(rf"rank {rank}/2: barrier 'after_fit' passed", log)
     saved = (checkpoint.parents[2] / "lightning_logs" / "retrieval").glob("version_*/config.yaml")
     config = next(iter(saved)).read_text()
-    assert "class_path: lightning.pytorch.strategies.DDPStrategy" in config and "timeout: 364 days, 0:00:00" in config
+    assert "class_path: pytorch_lightning.strategies.DDPStrategy" in config and "timeout: 364 days, 0:00:00" in config
 
 
 def test_saved_config_feeds_back_into_the_cli(trained, workdir, mini_dataset):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import lightning as L
+import pytorch_lightning as pl
 import pytest
 import torch
 
@@ -77,7 +77,7 @@ def test_leanagent_mode_uses_the_gradient_of_the_in_batch_loss(fisher_module, ba
 
 def test_fisher_fit_writes_the_mean_squared_per_example_gradient(fisher_module, toy_dataset, tmp_path):
     dm = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"), max_seq_len=64, batch_size=3)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(fisher_module, datamodule=dm)
     batch = dm.collate_train([dm.train_pairs[i] for i in range(len(dm.train_pairs))])
     slow = reference_per_example_grads(fisher_module, batch)
@@ -91,7 +91,7 @@ def test_fisher_fit_writes_the_mean_squared_per_example_gradient(fisher_module, 
 def test_weights_are_never_changed(fisher_module, toy_dataset):
     before = {k: v.clone() for k, v in fisher_module.retriever.state_dict().items()}
     dm = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"), max_seq_len=64)
-    L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(fisher_module, datamodule=dm)
+    pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(fisher_module, datamodule=dm)
     for k, v in fisher_module.retriever.state_dict().items():
         assert torch.equal(v, before[k])
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import logging
 import time
 
-import lightning as L
-from lightning.pytorch.callbacks import Callback
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
 
 from leanagent.distributed import process_group_timeout
 
 log = logging.getLogger("leanagent")
 
 
-def timed_barrier(trainer: L.Trainer, name: str) -> float:
+def timed_barrier(trainer: pl.Trainer, name: str) -> float:
     """Wait for every rank, log how long this one waited; a single process passes straight through."""
     start = time.perf_counter()
     trainer.strategy.barrier(name)
@@ -25,7 +25,7 @@ def timed_barrier(trainer: L.Trainer, name: str) -> float:
 class DataLoadingBarrier(Callback):
     """Runs in `setup`, which precedes the (lazy) loading of corpus and splits by the datamodule."""
 
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         timeout = process_group_timeout()
         if timeout is not None:
             log.info("rank %d/%d: process group timeout %s", trainer.global_rank, trainer.world_size, timeout)
@@ -35,5 +35,5 @@ class DataLoadingBarrier(Callback):
 class FitEndBarrier(Callback):
     """No rank leaves fit (and starts writing or exiting) before the others have finished."""
 
-    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         timed_barrier(trainer, "after_fit")

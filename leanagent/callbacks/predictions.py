@@ -7,9 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import lightning as L
+import pytorch_lightning as pl
 import torch.distributed as dist
-from lightning.pytorch.callbacks import BasePredictionWriter
+from pytorch_lightning.callbacks import BasePredictionWriter
 
 from leanagent.io import atomic_open
 
@@ -26,7 +26,7 @@ class PremisePredictionWriter(BasePredictionWriter):
         self.output_path = output_path
 
     def write_on_epoch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, predictions: Any, batch_indices: Any
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Any, batch_indices: Any
     ) -> None:
         batches = predictions[0] if predictions and isinstance(predictions[0], list) else predictions
         local = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-import lightning as L
-from lightning.pytorch.callbacks import Callback
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Callback
 
 log = logging.getLogger("leanagent")
 
@@ -23,7 +23,7 @@ class ProgressiveTraining(Callback):
             raise LeanAgentError(f"epochs_per_repo must be at least 1, got {epochs_per_repo}")
         self.epochs_per_repo = epochs_per_repo
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         target = trainer.current_epoch + self.epochs_per_repo
         trainer.fit_loop.max_epochs = target
         log.info(

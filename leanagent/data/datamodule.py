@@ -14,7 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import lightning as L
+import pytorch_lightning as pl
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -83,7 +83,7 @@ class EvalStates(Dataset):
         return index
 
 
-class RetrievalDataModule(L.LightningDataModule):
+class RetrievalDataModule(pl.LightningDataModule):
     def __init__(
         self,
         data_path: str = "data/batteries/random",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import lightning as L
+import pytorch_lightning as pl
 
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.metrics import METRIC_NAMES
@@ -22,7 +22,7 @@ def evaluate_checkpoint(
     """{name: {Recall@1, Recall@10, MRR}} on `split` ("val" or "test") of each (data_path, corpus_path)."""
     model = load_retriever(checkpoint)
     model.num_retrieved = num_retrieved
-    trainer = L.Trainer(
+    trainer = pl.Trainer(
         accelerator="auto", devices=1, precision=precision, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )

@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
+import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 from torch.func import functional_call, grad, vmap
@@ -53,7 +53,7 @@ def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> Prem
     return retriever
 
 
-class FisherInformation(L.LightningModule):
+class FisherInformation(pl.LightningModule):
     """Runs once over the training split (`fit`, one epoch), never updates weights, writes one safetensors file."""
 
     needs_single_pass = True  # tells the datamodule: fixed order, each pair on exactly one rank

@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-import lightning as L
+import pytorch_lightning as pl
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -62,7 +62,7 @@ def warmup_cosine(warmup_steps: int, total_steps: int):
     return factor
 
 
-class PremiseRetriever(L.LightningModule):
+class PremiseRetriever(pl.LightningModule):
     def __init__(
         self,
         model_name: str = "byt5-tiny",

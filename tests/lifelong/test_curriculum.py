@@ -13,11 +13,9 @@ from leanagent.lifelong.curriculum import (
     format_curriculum,
     theorem_complexity,
 )
+from tests.conftest import shared_data
 
 E = math.e
-ROOT = Path(__file__).parents[2]
-# ../shared beside the checkout (/work/shared), or shared/ inside it where a copy has one.
-SHARED = next((p for p in (ROOT / "shared", ROOT.parent / "shared") if p.is_dir()), ROOT.parent / "shared") / "data"
 
 
 def theorem(name: str, steps: int | str) -> dict:
@@ -126,7 +124,7 @@ def test_format_lists_repositories_in_order(toy):
 
 def test_real_lifelong_slices():
     # ~84% of these theorems have one tactic, so p33 = p67 = e: easy = one-step, medium empty.
-    root = SHARED / "lifelong"
+    root = shared_data("lifelong")
     names = ["mathlib-logic", "mathlib-data-nat", "mathlib-data-list", "mathlib-data-set", "mathlib-group"]
     c = compute_curriculum({n: root / n for n in names})
     assert c.p33 == pytest.approx(E) and c.p67 == pytest.approx(E)

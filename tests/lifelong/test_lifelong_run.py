@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import BUNDLED, REPO
 
+pytestmark = pytest.mark.slow  # real subprocesses
+
 FOLDERS = {"list": "Batteries/Data/List/", "string": "Batteries/Data/String/", "rbtree": "Batteries/Recycling/RBTree/"}
 
 

@@ -6,9 +6,8 @@ import pytest
 import leanagent.lifelong.merge as merge_module
 from leanagent.errors import LeanAgentError
 from leanagent.lifelong.merge import merge_datasets
+from tests.conftest import shared_data
 
-ROOT = Path(__file__).parents[2]
-SHARED = next((p for p in (ROOT / "shared", ROOT.parent / "shared") if p.is_dir()), ROOT.parent / "shared") / "data"
 
 
 def premise(name: str, line: int) -> dict:
@@ -215,7 +214,7 @@ def test_malformed_records_are_named(tmp_path):
 
 
 def test_merge_two_real_lifelong_slices(tmp_path):
-    srcs = [SHARED / "lifelong" / "mathlib-logic", SHARED / "lifelong" / "mathlib-group"]
+    srcs = [shared_data("lifelong", "mathlib-logic"), shared_data("lifelong", "mathlib-group")]
     stats = merge_datasets(srcs, tmp_path / "merged")
     corpora = [[json.loads(line) for line in (s / "corpus.jsonl").read_text().splitlines()] for s in srcs]
     paths = {f["path"] for c in corpora for f in c}

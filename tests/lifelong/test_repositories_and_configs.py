@@ -12,7 +12,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.lifelong.cli import format_table, parse_ablation, parse_lifelong
 from leanagent.lifelong.repositories import Repositories, resolve_repositories, split_bundled
 from leanagent.lifelong.runner import settings_fingerprint
-from tests.conftest import BUNDLED, REPO, tactic, theorem, toy_corpus, write_dataset
+from tests.conftest import BUNDLED, REPO, shared_data, tactic, theorem, toy_corpus, write_dataset
 
 
 def test_bundled_split_keeps_every_theorem_once_with_its_split(tmp_path):
@@ -59,10 +59,13 @@ def test_lifelong_configs_parse(name):
 def test_mathlib_config_names_the_shared_slices():
     settings = parse_lifelong(["--config", str(REPO / "configs" / "lifelong_mathlib.yaml")])
     assert settings.repositories.names == ["mathlib-logic", "mathlib-data-nat", "mathlib-data-list", "mathlib-data-set", "mathlib-group"]
-    shared = REPO.parent / "shared" / "data" / "lifelong"
-    if shared.is_dir():  # beside a checkout in CI; a user's fresh clone passes its own data_root
-        repos = resolve_repositories(Repositories(data_root=str(shared), names=settings.repositories.names, bundled=None), REPO)
-        assert list(repos) == settings.repositories.names
+
+
+def test_mathlib_config_resolves_against_the_shared_slices():
+    settings = parse_lifelong(["--config", str(REPO / "configs" / "lifelong_mathlib.yaml")])
+    shared = shared_data("lifelong")
+    repos = resolve_repositories(Repositories(data_root=str(shared), names=settings.repositories.names, bundled=None), REPO)
+    assert list(repos) == settings.repositories.names
 
 
 def test_ablation_config_covers_every_combination_of_table_4():
