@@ -12,7 +12,8 @@ import pytorch_lightning as pl
 from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningCLI
 
-from leanagent.callbacks.progressive import ProgressiveTraining
+from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
+from leanagent.checkpoints import SPECIAL_CKPT_PATHS, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.distributed import (
     ONE_YEAR,
@@ -29,6 +30,8 @@ from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers 
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
 
 log = logging.getLogger("leanagent")
+
+RETRIEVER_CLASS_PATH = "leanagent.models.retriever.PremiseRetriever"
 
 
 class LeanAgentCLI(LightningCLI):
@@ -47,12 +50,46 @@ class LeanAgentCLI(LightningCLI):
         parser.link_arguments("data.max_seq_len", "model.init_args.max_seq_len")
         # A default (not a hook-time injection) so that --print_config and config.yaml show the real strategy.
         parser.set_defaults({"trainer.strategy": default_strategy(ONE_YEAR)})
+        # ReProver's configs give `model:` settings with no class_path: they mean the retriever.
+        parser.set_defaults({"model": {"class_path": RETRIEVER_CLASS_PATH}})
         # `progressive.epochs_per_repo` at top level, easy to override; the callback joins trainer.callbacks.
         parser.add_lightning_class_args(ProgressiveTraining, "progressive")
+
+    def parse_arguments(self, parser, args) -> None:
+        self._raw_args = list(sys.argv[1:] if args is None else args)
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI lets a checkpoint's hyperparameters override the command line; here what the user
+        gave (command line or config file) wins, the rest comes from the checkpoint, said in one line."""
+        self._checkpoint = None
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        ckpt_path = config.get("ckpt_path")
+        if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
+            return
+        self._checkpoint = load_checkpoint(ckpt_path)
+        adopted = adopt_checkpoint_hparams(config, self._checkpoint, explicit_model_keys(self._raw_args, subcommand))
+        if adopted:
+            log.info("from checkpoint %s: %s", ckpt_path, ", ".join(f"{k}={v!r}" for k, v in adopted.items()))
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         configure_distributed(config)
+        use_final_last_checkpoint(config)
+        if self.subcommand == "fit":
+            explicit = config.trainer.max_epochs
+            progressive = config.get("progressive") or Namespace(epochs_per_repo=1)
+            config.trainer.max_epochs = plan_max_epochs(
+                getattr(self, "_checkpoint", None), explicit, int(progressive.epochs_per_repo)
+            )
+            log.info(
+                "rank %s: this fit trains to max_epochs=%d (%s)", os.environ.get("LOCAL_RANK", "0"),
+                config.trainer.max_epochs,
+                "trainer.max_epochs as given" if explicit is not None and explicit >= 0 else "progressive training",
+            )
 
 
 def configure_distributed(config: Namespace) -> None:
@@ -85,9 +122,88 @@ def configure_distributed(config: Namespace) -> None:
     if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
         limit_cpu_threads(devices)
 
-    ckpt_path = config.get("ckpt_path")
-    if ckpt_path and ckpt_path not in ("last", "best", "hpc") and not Path(ckpt_path).is_file():
-        raise LeanAgentError(f"--ckpt_path: checkpoint not found: {ckpt_path}")
+
+
+LIGHTNING_MODEL_CHECKPOINT = (
+    "pytorch_lightning.callbacks.ModelCheckpoint",
+    "pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint",
+)
+FINAL_LAST_CHECKPOINT = "leanagent.callbacks.checkpoints.ModelCheckpoint"
+
+
+def use_final_last_checkpoint(config: Namespace) -> None:
+    """LeanAgent's configs name Lightning's ModelCheckpoint, whose last.ckpt can lag behind the final epoch;
+    ours takes the same arguments and always writes the final state."""
+    callbacks = config.trainer.get("callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else []:
+        if isinstance(callback, Namespace) and callback.get("class_path") in LIGHTNING_MODEL_CHECKPOINT:
+            callback.class_path = FINAL_LAST_CHECKPOINT
+            log.info("trainer.callbacks: %s runs as %s (same arguments; last.ckpt is always the final epoch)",
+                     LIGHTNING_MODEL_CHECKPOINT[0], FINAL_LAST_CHECKPOINT)
+
+
+ARCHITECTURE_KEYS = ("model_name",)
+LINKED_KEYS = ("max_seq_len",)  # set from data.max_seq_len, never from a checkpoint
+
+
+def explicit_model_keys(argv: list[str], subcommand: str) -> set[str]:
+    """Model settings the user gave: `--model.[init_args.]KEY` on the command line, or in a --config file."""
+    keys: set[str] = set()
+    for i, token in enumerate(argv):
+        if token.startswith("--model."):
+            name = token[len("--model."):].split("=", 1)[0]
+            keys.add(name[len("init_args."):] if name.startswith("init_args.") else name)
+        if token in ("--config", "-c") and i + 1 < len(argv) or token.startswith("--config="):
+            path = argv[i + 1] if "=" not in token else token.split("=", 1)[1]
+            keys |= _model_keys_in_config(path, subcommand)
+    return keys
+
+
+def _model_keys_in_config(path: str, subcommand: str) -> set[str]:
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return set()  # the parser reports unreadable configs itself
+    if isinstance(loaded, dict) and isinstance(loaded.get(subcommand), dict):
+        loaded = loaded[subcommand]
+    model = loaded.get("model") if isinstance(loaded, dict) else None
+    if not isinstance(model, dict):
+        return set()
+    init_args = model.get("init_args") if isinstance(model.get("init_args"), dict) else {}
+    return {k for k in model if k not in ("class_path", "init_args", "dict_kwargs")} | set(init_args)
+
+
+def adopt_checkpoint_hparams(config: Namespace, checkpoint: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """Fill the model settings the user did not give from the checkpoint's; refuse another architecture."""
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    class_path = hparams.pop("_class_path", None)
+    hparams.pop("_instantiator", None)
+    model = config.get("model")
+    if not hparams or not isinstance(model, Namespace):
+        return {}
+    if class_path and model.get("class_path") and class_path != model.class_path:
+        raise LeanAgentError(
+            f"--ckpt_path holds a {class_path.rsplit('.', 1)[-1]}, but the model is {model.class_path.rsplit('.', 1)[-1]}"
+        )
+    init_args = model.get("init_args") or Namespace()
+    adopted: dict[str, Any] = {}
+    for key, saved in hparams.items():
+        if key in LINKED_KEYS or key not in init_args:
+            continue
+        given = init_args[key]
+        if key in ARCHITECTURE_KEYS and given != saved and key in explicit:
+            raise LeanAgentError(
+                f"--ckpt_path was trained with {key} '{saved}', but model.init_args.{key} is '{given}': "
+                f"a checkpoint only loads into its own architecture (drop the setting or pass {key}={saved})"
+            )
+        if key not in explicit and given != saved:
+            init_args[key] = saved
+            adopted[key] = saved
+            if key == "model_name" and config.get("data") is not None:
+                config.data.model_name = saved
+    return adopted
 
 
 def _setup_logging() -> None:

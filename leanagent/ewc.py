@@ -12,53 +12,63 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torch import nn
 
 from leanagent.errors import LeanAgentError
-from leanagent.fisher_file import load_fisher, read_fisher_metadata, save_fisher, weights_fingerprint
+from leanagent.fisher_file import load_fisher, read_fisher_metadata, read_fisher_tensors, save_fisher, weights_fingerprint
 
 EWCForm = Literal["paper", "leanagent"]
 
 
-class EWCPenalty(nn.Module):
-    """Holds F and theta* as non-persistent buffers, so checkpoints stay loadable without EWC."""
+class EWCPenalty:
+    """F and theta* as plain tensors, deliberately not an nn.Module: as module buffers DDP would broadcast
+    them from rank 0 on every step, and checkpoints would carry them."""
 
     def __init__(self, fisher: dict[str, torch.Tensor], theta_star: dict[str, torch.Tensor], lam: float, form: EWCForm = "paper") -> None:
-        super().__init__()
         if form not in ("paper", "leanagent"):
             raise LeanAgentError(f"ewc_form must be 'paper' or 'leanagent', got {form!r}")
         if lam < 0:
             raise LeanAgentError(f"ewc_lambda must be non-negative, got {lam}")
         self.names = sorted(fisher)
         self.scale = lam / 2 if form == "paper" else lam
-        for i, name in enumerate(self.names):
-            self.register_buffer(f"fisher_{i}", fisher[name].detach().float().clone(), persistent=False)
-            self.register_buffer(f"theta_{i}", theta_star[name].detach().float().clone(), persistent=False)
+        self.fisher = {name: fisher[name].detach().float().clone() for name in self.names}
+        self.theta_star = {name: theta_star[name].detach().float().clone() for name in self.names}
 
-    def forward(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
-        total = torch.zeros((), device=self.fisher_0.device)
-        for i, name in enumerate(self.names):
-            diff = params[name].float() - getattr(self, f"theta_{i}")
-            total = total + (getattr(self, f"fisher_{i}") * diff**2).sum()
+    def to(self, device: torch.device | str) -> EWCPenalty:
+        device = torch.device(device)
+        if self.fisher and next(iter(self.fisher.values())).device != device:
+            self.fisher = {k: v.to(device) for k, v in self.fisher.items()}
+            self.theta_star = {k: v.to(device) for k, v in self.theta_star.items()}
+        return self
+
+    def __call__(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        total = torch.zeros((), device=next(iter(params.values())).device)
+        for name in self.names:
+            diff = params[name].float() - self.theta_star[name]
+            total = total + (self.fisher[name] * diff**2).sum()
         return self.scale * total
 
 
 def load_theta_star(metadata: dict[str, str], fisher_path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """The weights named by a Fisher file's metadata, checked against the fingerprint it recorded."""
-    source = metadata.get("source_checkpoint")
-    if not source:
-        raise LeanAgentError(f"{fisher_path}: metadata names no source_checkpoint, so theta* is unknown")
-    path = Path(source)
-    if not path.is_file():
-        raise LeanAgentError(f"{fisher_path}: its source checkpoint {source} (theta*) is not found")
-    state = torch.load(path, map_location="cpu", weights_only=True).get("state_dict", {})
-    expected = metadata.get("weights_sha256")
+    """theta* as the file carries it, or (older files) from its source checkpoint; checked by fingerprint."""
     names = json.loads(metadata.get("parameter_names", "[]"))
-    theta = {name: state[name] for name in names if name in state}
+    expected = metadata.get("weights_sha256")
+    _, theta = read_fisher_tensors(fisher_path)
+    where = f"{fisher_path}"
+    if not theta:
+        source = metadata.get("source_checkpoint")
+        if not source:
+            raise LeanAgentError(f"{fisher_path}: carries no theta* and names no source_checkpoint, so theta* is unknown")
+        if not Path(source).is_file():
+            raise LeanAgentError(f"{fisher_path}: carries no theta*, and its source checkpoint {source} is not found")
+        from leanagent.checkpoints import load_checkpoint
+
+        state = load_checkpoint(source, f"{fisher_path}: source checkpoint")["state_dict"]
+        theta = {name: state[name] for name in names if name in state}
+        where = f"{fisher_path}: the weights in {source}"
+    theta = {name: theta[name] for name in names if name in theta}
     if len(theta) != len(names) or weights_fingerprint(theta) != expected:
         raise LeanAgentError(
-            f"{fisher_path}: the weights in {source} are not the ones this Fisher was computed on "
-            "(fingerprint mismatch); recompute the Fisher or point to the original checkpoint"
+            f"{where} are not the ones this Fisher was computed on (fingerprint mismatch); recompute the Fisher"
         )
     return theta
 
@@ -68,14 +78,27 @@ def load_ewc(fisher_path: str | os.PathLike, params: dict[str, torch.Tensor], la
     return EWCPenalty(fisher, load_theta_star(metadata, fisher_path), lam, form)
 
 
+def build_ewc(
+    fisher_path: str | os.PathLike | None, lam: float, form: EWCForm, params: dict[str, torch.Tensor]
+) -> EWCPenalty | None:
+    """The retriever's EWC settings, checked: a penalty, or None when EWC is off (lambda 0)."""
+    if form not in ("paper", "leanagent"):
+        raise LeanAgentError(f"model.ewc_form must be 'paper' or 'leanagent', got {form!r}")
+    if not (lam >= 0 and lam != float("inf")):
+        raise LeanAgentError(f"model.ewc_lambda must be a finite non-negative number, got {lam}")
+    if lam > 0 and not fisher_path:
+        raise LeanAgentError(f"model.ewc_lambda is {lam} but model.fisher_path is not set: EWC needs a Fisher file")
+    if lam == 0:
+        return None
+    return load_ewc(fisher_path, params, lam, form)
+
+
 def combine_fisher(old_path: str | os.PathLike, new_path: str | os.PathLike, gamma: float, out_path: str | os.PathLike) -> None:
     """Online EWC: F = gamma * F_old + F_new, anchored at the new Fisher's weights (theta*)."""
     new_meta = read_fisher_metadata(new_path)
-    from safetensors.torch import load_file
-
-    new = load_file(str(new_path))
+    new, theta = read_fisher_tensors(new_path)
     old, _ = load_fisher(old_path, new)
     combined = {name: gamma * old[name] + new[name] for name in new}
     metadata = {k: v for k, v in new_meta.items() if k != "parameter_names"}
     metadata.update({"online_gamma": str(gamma), "combined_from": json.dumps([str(old_path), str(new_path)])})
-    save_fisher(out_path, combined, metadata)
+    save_fisher(out_path, combined, metadata, theta_star=theta or None)

@@ -1,4 +1,8 @@
-"""Fisher files: safetensors tensors named like the retriever's parameters, with metadata saying what they are."""
+"""Fisher files: safetensors tensors named like the retriever's parameters, with metadata saying what they are.
+
+A file also carries theta* (the weights the Fisher was computed on) under `theta_star/<name>`, so an
+EWC run depends on nothing that later training may overwrite (such as `last.ckpt`).
+"""
 
 from __future__ import annotations
 
@@ -26,10 +30,21 @@ def weights_fingerprint(state: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def save_fisher(path: str | os.PathLike, fisher: dict[str, torch.Tensor], metadata: dict[str, object]) -> None:
+THETA_PREFIX = "theta_star/"
+
+
+def save_fisher(
+    path: str | os.PathLike,
+    fisher: dict[str, torch.Tensor],
+    metadata: dict[str, object],
+    theta_star: dict[str, torch.Tensor] | None = None,
+) -> None:
     tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in fisher.items()}
     meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
     meta["parameter_names"] = json.dumps(sorted(tensors))
+    if theta_star is not None:
+        meta["weights_sha256"] = weights_fingerprint(theta_star)
+        tensors.update({THETA_PREFIX + name: t.detach().to("cpu", torch.float32).contiguous() for name, t in theta_star.items()})
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
@@ -60,10 +75,28 @@ def check_state_dict(saved: dict[str, torch.Tensor], expected: dict[str, torch.T
             )
 
 
+def read_fisher_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(Fisher, theta*) tensors of a file; theta* is empty for files written before it was embedded."""
+    read_fisher_metadata(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:
+        raise LeanAgentError(f"{path}: not a readable safetensors Fisher file ({e})") from None
+    theta = {name[len(THETA_PREFIX):]: t for name, t in tensors.items() if name.startswith(THETA_PREFIX)}
+    fisher = {name: t for name, t in tensors.items() if not name.startswith(THETA_PREFIX)}
+    return fisher, theta
+
+
 def load_fisher(path: str | os.PathLike, expected: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Load a Fisher file, refusing one whose parameter names or shapes differ from `expected`'s."""
+    """Load a Fisher file, refusing one whose names or shapes differ from `expected`'s, or whose values
+    could not be a Fisher (NaN, infinite or negative): those would train the model into garbage."""
     metadata = read_fisher_metadata(path)
-    with safe_open(str(path), framework="pt") as f:
-        fisher = {name: f.get_tensor(name) for name in f.keys()}
+    fisher, _ = read_fisher_tensors(path)
     check_state_dict(fisher, expected, f"{path}: Fisher")
+    for name, tensor in fisher.items():
+        if not torch.isfinite(tensor).all():
+            raise LeanAgentError(f"{path}: Fisher '{name}' holds NaN or infinite values")
+        if (tensor < 0).any():
+            raise LeanAgentError(f"{path}: Fisher '{name}' holds negative values (a diagonal Fisher is a mean of squares)")
     return fisher, metadata

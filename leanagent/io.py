@@ -24,9 +24,24 @@ def _publish(tmp: str, target: Path) -> None:
 def require_file(path: str | os.PathLike, what: str) -> Path:
     """Fail early, naming the setting, instead of deep inside a loader."""
     p = Path(path)
+    if p.is_dir():
+        raise LeanAgentError(f"{what}: {p} is a folder, not a file")
     if not p.is_file():
         raise LeanAgentError(f"{what} not found: {p}")
     return p
+
+
+def unreadable(path: Path, error: OSError) -> LeanAgentError:
+    """One line for any OS-level failure to read an input (permissions, a folder, I/O errors)."""
+    return LeanAgentError(f"{path}: cannot read ({error.strerror or type(error).__name__})")
+
+
+def read_bytes(path: str | os.PathLike, what: str) -> bytes:
+    p = require_file(path, what)
+    try:
+        return p.read_bytes()
+    except OSError as e:
+        raise unreadable(p, e) from None
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -37,14 +52,24 @@ def read_json(path: str | os.PathLike) -> Any:
     except json.JSONDecodeError as e:
         raise LeanAgentError(f"{p}:{e.lineno}: malformed JSON ({e.msg})") from None
     except UnicodeDecodeError as e:
-        raise LeanAgentError(f"{p}: not UTF-8 text ({e.reason})") from None
+        raise LeanAgentError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise unreadable(p, e) from None
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     """Yield (line number, record) for each non-blank line."""
     p = require_file(path, "JSONL file")
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    try:
+        f = p.open("rb")
+    except OSError as e:
+        raise unreadable(p, e) from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise LeanAgentError(f"{p}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
             if not line.strip():
                 continue
             try:

@@ -7,8 +7,17 @@ import torch
 RECALL_AT = (1, 10)
 
 
-def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
-    """Per-query [R@1, R@10, MRR, has_positive] from ranked ids ([B, k], -1 = nothing) and positives ([B, m], -1 pad).
+def recall_ks(num_retrieved: int) -> tuple[int, ...]:
+    """The k of each Recall@k that `num_retrieved` premises can measure: Recall@10 needs 10 of them."""
+    return tuple(sorted({min(k, num_retrieved) for k in RECALL_AT}))
+
+
+def metric_names(num_retrieved: int) -> tuple[str, ...]:
+    return tuple(f"Recall@{k}" for k in recall_ks(num_retrieved)) + ("MRR",)
+
+
+def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor, ks: tuple[int, ...] = RECALL_AT) -> torch.Tensor:
+    """Per-query [R@k for k in ks, MRR, has_positive] from ranked ids ([B, n], -1 = nothing) and positives ([B, m], -1 pad).
 
     Recall@k is the fraction of the query's distinct positives among its first k retrieved (in percent,
     as ReProver logs it); MRR is 1/rank of the first positive within the retrieved list, 0 if none.
@@ -19,7 +28,7 @@ def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor) -> torch
     hits = ((retrieved[:, :, None] == positives[:, None, :]) & valid_pos[:, None, :]).any(-1) & (retrieved >= 0)
     cumulative = hits.cumsum(dim=1)
     columns = []
-    for k in RECALL_AT:
+    for k in ks:
         found = cumulative[:, min(k, hits.shape[1]) - 1] if hits.shape[1] else torch.zeros_like(num_pos)
         columns.append(100.0 * found.float() / num_pos.clamp(min=1).float())
     ranks = torch.arange(1, hits.shape[1] + 1, device=hits.device, dtype=torch.float32)
@@ -28,4 +37,4 @@ def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor) -> torch
     has_positive = (num_pos > 0).float()
     return torch.stack([c * has_positive for c in columns] + [has_positive], dim=1)
 
-METRIC_NAMES = tuple(f"Recall@{k}" for k in RECALL_AT) + ("MRR",)
+METRIC_NAMES = metric_names(max(RECALL_AT))

@@ -119,5 +119,5 @@ def test_missing_or_mismatched_checkpoint(tmp_path, retriever_checkpoint):
         load_retriever(retriever_checkpoint, "byt5-mini")
     junk = tmp_path / "junk.ckpt"
     junk.write_bytes(b"not a checkpoint")
-    with pytest.raises(LeanAgentError, match="cannot load"):
+    with pytest.raises(LeanAgentError, match="is not a loadable weights-only checkpoint"):
         load_retriever(junk)

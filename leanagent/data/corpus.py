@@ -8,14 +8,51 @@ position test inside the query's own file, which vectorises over all premises.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+
 import numpy as np
 import torch
 
 from leanagent.errors import LeanAgentError
 from leanagent.io import iter_jsonl
 
+log = logging.getLogger("leanagent")
+
 _LINE = 1 << 24
+MARK_START, MARK_END = "<a>", "</a>"
+
+
+def skip_reason(full_name: object, code: object) -> str | None:
+    """Why ReProver's loader drops a premise (null name, AST debris, mutual block, empty code), or None."""
+    if full_name is None:
+        return "null full_name"
+    if isinstance(full_name, str) and "user__.n" in full_name:
+        return "'user__.n' name"
+    if code == "":
+        return "empty code"
+    if isinstance(full_name, str) and full_name.startswith("[") and full_name.endswith("]"):
+        return "mutual definition"
+    return None
+
+
+def serialize_premise(full_name: str, code: str) -> str:
+    """ReProver's `Premise.serialize()`: the code with the premise's own name marked as <a>name</a>.
+
+    Published ReProver/LeanAgent retrievers were trained on this form. The name is marked where it
+    appears as `_root_.name`, else at the first suffix of its dotted form (longest first) that follows
+    whitespace, optionally in «guillemets».
+    """
+    marked = f"{MARK_START}{full_name}{MARK_END}"
+    code = code.replace(f"_root_.{full_name}", marked)
+    fields = full_name.split(".")
+    for i in range(len(fields)):
+        suffix = re.escape(".".join(fields[i:]))
+        replaced = re.sub(rf"(?<=\s)«?{suffix}»?", lambda _: marked, code)
+        if replaced != code:
+            return replaced
+    return code
 
 
 def position_key(pos: object, where: str) -> int:
@@ -84,6 +121,7 @@ class Corpus:
         starts: list[int] = []
         ends: list[int] = []
         seen: dict[str, int] = {}
+        skipped: dict[str, int] = {}
         for lineno, record in iter_jsonl(path):
             where = f"{path}:{lineno}"
             file_path = _field(record, "path", str, where)
@@ -99,6 +137,10 @@ class Corpus:
             raw_imports.append((lineno, file_imports))
             for k, premise in enumerate(premises):
                 pwhere = f"{where}: premises[{k}]"
+                reason = skip_reason(premise.get("full_name"), premise.get("code")) if isinstance(premise, dict) else None
+                if reason is not None:
+                    skipped[reason] = skipped.get(reason, 0) + 1
+                    continue
                 names.append(_field(premise, "full_name", str, pwhere))
                 codes.append(_field(premise, "code", str, pwhere))
                 starts.append(position_key(_field(premise, "start", list, pwhere), f"{pwhere}.start"))
@@ -106,6 +148,9 @@ class Corpus:
                 premise_file.append(file_id)
         if not paths:
             raise LeanAgentError(f"{path}: the corpus is empty")
+        if skipped:
+            details = ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items()))
+            log.warning("%s: skipped %d premise(s) as ReProver does (%s)", path, sum(skipped.values()), details)
         for (lineno, file_imports), file_path in zip(raw_imports, paths):
             for imported in file_imports:
                 if imported not in seen:
@@ -127,6 +172,12 @@ class Corpus:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def premise_texts(self, form: str = "serialized") -> list[str]:
+        """What the encoder reads for each premise: ReProver's serialized form, or the raw code."""
+        if form == "code":
+            return list(self.codes)
+        return [serialize_premise(name, code) for name, code in zip(self.names, self.codes)]
 
     @property
     def num_files(self) -> int:

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytorch_lightning as pl
 import numpy as np
@@ -25,7 +25,7 @@ from leanagent.data.samplers import UnpaddedDistributedSampler
 from leanagent.data.tactics import TacticStates, load_tactic_states, warn_unresolved
 from leanagent.data.tokenizer import gather_tokens, load_tokenizer
 from leanagent.errors import LeanAgentError
-from leanagent.io import require_file
+from leanagent.io import read_bytes, require_file
 
 log = logging.getLogger("leanagent")
 
@@ -97,6 +97,7 @@ class RetrievalDataModule(pl.LightningDataModule):
         model_name: str = "byt5-tiny",
         seed: int = 3407,
         predict_splits: list[str] = list(SPLITS),
+        premise_text: Literal["serialized", "code"] = "serialized",
     ) -> None:
         """
         Args:
@@ -111,6 +112,8 @@ class RetrievalDataModule(pl.LightningDataModule):
             model_name: linked from the model; chooses the tokenizer.
             seed: drives negative sampling (with the epoch and the item index).
             predict_splits: the splits `predict` retrieves premises for.
+            premise_text: `serialized` (ReProver's `Premise.serialize()`: code with the name marked
+                `<a>name</a>`, what published ReProver/LeanAgent retrievers read) or `code` (raw).
         """
         super().__init__()
         self.save_hyperparameters()
@@ -140,6 +143,9 @@ class RetrievalDataModule(pl.LightningDataModule):
         self.model_name = model_name
         self.seed = seed
         self.predict_splits = list(predict_splits)
+        if premise_text not in ("serialized", "code"):
+            raise LeanAgentError(f"data.premise_text must be 'serialized' or 'code', got {premise_text!r}")
+        self.premise_text = premise_text
         self._corpus: Corpus | None = None
         self._corpus_tokens: TokenTable | None = None
         self._corpus_fingerprint: str | None = None
@@ -163,15 +169,19 @@ class RetrievalDataModule(pl.LightningDataModule):
 
     @property
     def corpus_fingerprint(self) -> str:
-        """Identifies the corpus by content, so identical copies share one set of embeddings."""
+        """Identifies the encoder's input for the corpus: file content, premise text form, tokenizer, length."""
         if self._corpus_fingerprint is None:
-            self._corpus_fingerprint = hashlib.sha256(self.corpus_path.read_bytes()).hexdigest()
+            digest = hashlib.sha256(read_bytes(self.corpus_path, "data.corpus_path"))
+            digest.update(f"|{self.premise_text}|{self.model_name}|{self.max_seq_len}".encode())
+            self._corpus_fingerprint = digest.hexdigest()
         return self._corpus_fingerprint
 
     @property
     def corpus_tokens(self) -> TokenTable:
         if self._corpus_tokens is None:
-            self._corpus_tokens = TokenTable(*self.tokenizer.encode(self.corpus.codes, self.max_seq_len))
+            self._corpus_tokens = TokenTable(
+                *self.tokenizer.encode(self.corpus.premise_texts(self.premise_text), self.max_seq_len)
+            )
         return self._corpus_tokens
 
     def states(self, split: str) -> TacticStates:
@@ -252,12 +262,14 @@ class RetrievalDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def _loader(self, dataset: Dataset, batch_size: int, collate, exact: bool, shuffle: bool = False) -> DataLoader:
+    def _loader(
+        self, dataset: Dataset, batch_size: int, collate, exact: bool, shuffle: bool = False, never_empty: bool = False
+    ) -> DataLoader:
         """`exact` loaders give each rank a disjoint shard with no padding, so nothing is counted twice."""
         sampler = None
         if exact:
             world_size, rank = self._world()
-            sampler = UnpaddedDistributedSampler(dataset, num_replicas=world_size, rank=rank)
+            sampler = UnpaddedDistributedSampler(dataset, num_replicas=world_size, rank=rank, never_empty=never_empty)
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -271,14 +283,18 @@ class RetrievalDataModule(pl.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         module = getattr(getattr(self, "trainer", None), "lightning_module", None)
         single_pass = bool(getattr(module, "needs_single_pass", False))
+        fixed_order = single_pass or bool(getattr(module, "needs_fixed_order", False))
         return self._loader(
-            self.train_pairs, self.batch_size, self.collate_train, exact=single_pass, shuffle=not single_pass
+            self.train_pairs, self.batch_size, self.collate_train, exact=single_pass, shuffle=not fixed_order
         )
 
     def eval_dataloader(self, split: str) -> DataLoader:
-        self.states(split)
+        states = self.states(split)
+        if len(states) == 0:
+            where = self.data_path / f"{split}.json" if split != "predict" else f"data.predict_splits {self.predict_splits}"
+            raise LeanAgentError(f"{where}: no tactic states to evaluate")
         return self._loader(
-            EvalStates(self.states(split)), self.eval_batch_size, partial(self._collate_eval, split), exact=True
+            EvalStates(states), self.eval_batch_size, partial(self._collate_eval, split), exact=True, never_empty=True
         )
 
     def val_dataloader(self) -> DataLoader:

@@ -14,15 +14,22 @@ class UnpaddedDistributedSampler(DistributedSampler):
     training (DDP needs the same number of steps) and wrong for evaluation and Fisher sums.
     Passes using this sampler must not run collectives per batch.
     Subclassing DistributedSampler keeps Lightning from replacing it.
+
+    With `never_empty`, a rank left without examples (fewer examples than ranks) gets one that
+    another rank also has, because Lightning refuses a rank whose loader is empty; evaluation
+    stores results by example index, so the duplicate counts once.
     """
 
-    def __init__(self, dataset, num_replicas: int, rank: int) -> None:
+    def __init__(self, dataset, num_replicas: int, rank: int, never_empty: bool = False) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.indices = list(range(rank, len(dataset), num_replicas))
+        if never_empty and not self.indices and len(dataset) > 0:
+            self.indices = [rank % len(dataset)]
+        self.num_samples = len(self.indices)
         self.total_size = len(dataset)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+        return iter(self.indices)
 
     def __len__(self) -> int:
         return self.num_samples

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 
 from leanagent.data.datamodule import RetrievalDataModule
-from leanagent.metrics import METRIC_NAMES
+from leanagent.metrics import metric_names
 from leanagent.models.fisher import load_retriever
 
 
@@ -34,5 +34,5 @@ def evaluate_checkpoint(
         )
         run = trainer.test if split == "test" else trainer.validate
         logged = run(model, datamodule=datamodule, verbose=False)[0]
-        results[name] = {metric: float(logged[f"{metric}_{split}"]) for metric in METRIC_NAMES}
+        results[name] = {metric: float(logged[f"{metric}_{split}"]) for metric in metric_names(num_retrieved)}
     return results

@@ -18,13 +18,16 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+import torch
+
+from leanagent.checkpoints import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.ewc import combine_fisher
-from leanagent.io import read_json, write_json
+from leanagent.io import atomic_write, read_json, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_checkpoint
 from leanagent.lifelong.merge import merge_datasets
@@ -36,10 +39,12 @@ log = logging.getLogger("leanagent")
 
 @dataclass
 class EWCSettings:
+    """Defaults reproduce LeanAgent's code: the latest Fisher only (gamma 0) and no 1/2 in the penalty."""
+
     enabled: bool = False
     ewc_lambda: float = 0.1
-    gamma: float = 1.0
-    form: Literal["paper", "leanagent"] = "paper"
+    gamma: float = 0.0
+    form: Literal["paper", "leanagent"] = "leanagent"
 
 
 @dataclass
@@ -52,6 +57,7 @@ class LifelongSettings:
     construction: Literal["single_repo", "merge_all"] = "single_repo"
     ewc: EWCSettings = field(default_factory=EWCSettings)
     epochs_per_repo: int = 1
+    resume_from: Literal["best", "last"] = "best"
     split: str = "random"
     retrieval_config: str = "configs/retrieval.yaml"
     fisher_config: str = "configs/fisher.yaml"
@@ -147,9 +153,7 @@ class LifelongRun:
                 fit += [f"--model.init_args.fisher_path={previous['fisher']}",
                         f"--model.init_args.ewc_lambda={s.ewc.ewc_lambda}", f"--model.init_args.ewc_form={s.ewc.form}"]
         _run(fit, stage_dir / "fit", f"stage {index} fit on {name}")
-        checkpoint = stage_dir / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
-        if not checkpoint.is_file():
-            raise LeanAgentError(f"stage {index}: fit wrote no {checkpoint}")
+        checkpoint = self._handover_checkpoint(index, stage_dir)
 
         fisher = None
         if s.ewc.enabled and index < len(order) - 1:
@@ -162,6 +166,34 @@ class LifelongRun:
                  "fisher": str(fisher) if fisher else None, "test": test, "val": val}
         write_json(stage_dir / "stage.json", stage)
         return stage
+
+    def _handover_checkpoint(self, index: int, stage_dir: Path) -> Path:
+        """The checkpoint the next stage starts from, its Fisher is computed on and this stage is evaluated with.
+
+        `best` (LeanAgent) is the best-by-Recall@10_val file of the stage's fit; it may come from before the
+        fit's last epoch, so a copy marked as the end of a fit is handed over, and the next stage trains
+        `epochs_per_repo` epochs from it rather than finishing this stage's plan.
+        """
+        folder = stage_dir / "fit" / "checkpoints" / "retrieval"
+        last = folder / "last.ckpt"
+        if not last.is_file():
+            raise LeanAgentError(f"stage {index}: fit wrote no {last}")
+        if self.settings.resume_from == "last":
+            log.info("stage %d hands over its last checkpoint %s", index, last)
+            return last
+        callbacks = load_checkpoint(last, f"stage {index} last checkpoint").get("callbacks", {})
+        named = [Path(s["best_model_path"]) for s in callbacks.values() if isinstance(s, dict) and s.get("best_model_path")]
+        best = [p if p.is_absolute() else stage_dir / "fit" / p for p in named]
+        if not best or not best[0].is_file():
+            log.info("stage %d recorded no best checkpoint (no validation?): handing over %s", index, last)
+            return last
+        handover = stage_dir / "best.ckpt"
+        checkpoint = load_checkpoint(best[0], f"stage {index} best checkpoint")
+        state = fit_state(checkpoint)
+        checkpoint[FIT_STATE_KEY] = replace(state, finished=True).as_dict()
+        atomic_write(handover, lambda tmp: torch.save(checkpoint, tmp))
+        log.info("stage %d hands over its best checkpoint %s (as %s)", index, best[0].name, handover)
+        return handover
 
     def _fisher(self, index: int, name: str, data: Path, checkpoint: Path, stage_dir: Path, previous: dict | None) -> Path:
         s = self.settings

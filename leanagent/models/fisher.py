@@ -6,9 +6,12 @@ over the N distinct training pairs, where loss_n is the retriever's MSE loss on 
 candidates (its positive and its negatives), so it does not depend on which other pairs share
 a batch. Per-example gradients come from torch.func (vmap over grad), not a Python loop.
 
-`mode: leanagent` reproduces LeanAgent's quantity for comparison: the squared gradient of each
-batch-mean (in-batch) loss, summed over batches, summed over ranks, divided by
-len(dataset) * world_size.
+`mode: leanagent` reproduces LeanAgent's quantity for comparison. LeanAgent's backward goes through
+DDP, so each batch's gradient is the mean over ranks of their batch-mean (in-batch) loss gradients;
+that gradient is squared and summed over batches on every rank, the sums are added over ranks, and
+the total is divided by len(dataset) * world_size:
+    F_j = W * sum_b (mean_r g_{r,b,j})^2 / (N * W)
+It depends on batch size, world size and batch order (fixed here, so it can be reproduced).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch.distributed as dist
 from torch.func import functional_call, grad, vmap
 
 from leanagent.errors import LeanAgentError
-from leanagent.fisher_file import save_fisher, weights_fingerprint
+from leanagent.checkpoints import load_checkpoint
+from leanagent.fisher_file import save_fisher
 from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss
 
 log = logging.getLogger("leanagent")
@@ -33,12 +37,7 @@ log = logging.getLogger("leanagent")
 def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> PremiseRetriever:
     """A retriever from a Lightning checkpoint, loaded with weights_only=True (no pickle code runs)."""
     path = Path(ckpt_path)
-    if not path.is_file():
-        raise LeanAgentError(f"retriever checkpoint not found: {path}")
-    try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises several types for damaged or unsafe files
-        raise LeanAgentError(f"{path}: cannot load as a weights-only checkpoint ({type(e).__name__}: {e})") from None
+    checkpoint = load_checkpoint(path, "retriever checkpoint")
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     if "state_dict" not in checkpoint or "model_name" not in hparams:
         raise LeanAgentError(f"{path}: not a PremiseRetriever checkpoint (no state_dict or hyper_parameters)")
@@ -46,7 +45,7 @@ def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> Prem
         raise LeanAgentError(
             f"{path} was trained with model_name '{hparams['model_name']}', but model.model_name is '{model_name}'"
         )
-    known = set(inspect.signature(PremiseRetriever.__init__).parameters) - {"self"}
+    known = set(inspect.signature(PremiseRetriever.__init__).parameters) - {"self", "fisher_path", "ewc_lambda", "ewc_form"}
     retriever = PremiseRetriever(**{k: v for k, v in hparams.items() if k in known})
     retriever.on_load_checkpoint(checkpoint)
     retriever.load_state_dict(checkpoint["state_dict"])
@@ -56,7 +55,6 @@ def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> Prem
 class FisherInformation(pl.LightningModule):
     """Runs once over the training split (`fit`, one epoch), never updates weights, writes one safetensors file."""
 
-    needs_single_pass = True  # tells the datamodule: fixed order, each pair on exactly one rank
 
     def __init__(
         self,
@@ -89,6 +87,13 @@ class FisherInformation(pl.LightningModule):
         self.retriever.requires_grad_(True)
         self._sum: dict[str, torch.Tensor] = {}
         self._count = 0
+
+    @property
+    def needs_single_pass(self) -> bool:
+        """Tells the datamodule: each pair on exactly one rank, nothing padded in (the per-example Fisher)."""
+        return self.mode == "empirical"
+
+    needs_fixed_order = True  # LeanAgent's mode depends on batch order: keep it reproducible
 
     def configure_optimizers(self) -> None:
         return None
@@ -129,11 +134,26 @@ class FisherInformation(pl.LightningModule):
         params, buffers = self._params()
         return grad(lambda p: batch_loss(self._encode(p, buffers), batch, self.retriever.loss))(params)
 
+    def rank_averaged(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What DDP's backward leaves in `.grad`: the mean of every rank's gradient (one all-reduce)."""
+        world = self.trainer.world_size
+        if not (dist.is_available() and dist.is_initialized() and world > 1):
+            return grads
+        names = list(grads)
+        flat = torch.cat([grads[n].float().reshape(-1) for n in names])
+        dist.all_reduce(flat)
+        flat /= world
+        out, offset = {}, 0
+        for n in names:
+            out[n] = flat[offset : offset + grads[n].numel()].view_as(grads[n])
+            offset += grads[n].numel()
+        return out
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         if self.mode == "empirical":
             squared = {k: (g.float() ** 2).sum(dim=0) for k, g in self.per_example_grads(batch).items()}
         else:
-            squared = {k: g.float() ** 2 for k, g in self.batch_grads(batch).items()}
+            squared = {k: g.float() ** 2 for k, g in self.rank_averaged(self.batch_grads(batch)).items()}
         for name, value in squared.items():
             if name in self._sum:
                 self._sum[name] += value
@@ -175,8 +195,8 @@ class FisherInformation(pl.LightningModule):
                 "world_size": world,
                 "source_checkpoint": str(self.ckpt_path),
                 "model_name": self.retriever.model_name,
-                "weights_sha256": weights_fingerprint(dict(self.retriever.named_parameters())),
             }
-            save_fisher(self.output_path, fisher, metadata)
+            theta_star = {name: p.detach() for name, p in self.retriever.named_parameters() if name in fisher}
+            save_fisher(self.output_path, fisher, metadata, theta_star=theta_star)
             log.info("wrote %s Fisher over %d examples (world size %d) to %s", self.mode, examples, world, self.output_path)
         self.fisher = fisher

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -10,11 +11,15 @@ import pytorch_lightning as pl
 import numpy as np
 import torch
 import torch.distributed as dist
+from pytorch_lightning.trainer.states import TrainerFn
 
+from leanagent.checkpoints import FIT_STATE_KEY, FitState, next_fit_start
 from leanagent.errors import LeanAgentError
 from leanagent.fisher_file import check_state_dict
-from leanagent.metrics import METRIC_NAMES, retrieval_metrics
+from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
 from leanagent.models.encoder import Encoder
+
+log = logging.getLogger("leanagent")
 
 
 def contrastive_loss(
@@ -50,14 +55,19 @@ def batch_loss(encode, batch: dict[str, torch.Tensor], loss: str = "mse") -> tor
     return contrastive_loss(queries @ candidates.T, batch["labels"], batch["cand_valid"][None, :], loss)
 
 
-def warmup_cosine(warmup_steps: int, total_steps: int):
-    """Linear warmup to the peak LR, then cosine decay to zero at the last optimizer step."""
+def warmup_cosine(warmup_steps: int, total_steps: int, start_step: int = 0):
+    """LeanAgent's schedule (transformers' `get_cosine_schedule_with_warmup`) over one fit.
+
+    The fit's optimizer steps are `start_step .. start_step + total_steps - 1`: linear warmup from 0
+    over `warmup_steps`, then cosine decay that reaches zero at `start_step + total_steps`.
+    """
 
     def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        s = max(0, step - start_step)
+        if s < warmup_steps:
+            return s / max(1, warmup_steps)
+        progress = (s - warmup_steps) / max(1, total_steps - warmup_steps)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
     return factor
 
@@ -109,13 +119,14 @@ class PremiseRetriever(pl.LightningModule):
         self.length_bucket = length_bucket
         self.loss = loss
         self.encoder = Encoder(model_name)
-        self.ewc = None
-        if fisher_path and ewc_lambda > 0:
-            from leanagent.ewc import load_ewc
+        # A plain object, not a submodule: F and theta* must not be DDP buffers broadcast every step.
+        from leanagent.ewc import build_ewc
 
-            self.ewc = load_ewc(fisher_path, dict(self.encoder_parameters()), ewc_lambda, ewc_form)
+        self.ewc = build_ewc(fisher_path, ewc_lambda, ewc_form, dict(self.encoder_parameters()))
         self.corpus_embeddings: torch.Tensor | None = None
-        self._embedded_at: tuple[int, str] | None = None
+        self._embedded_at: tuple | None = None
+        self._fit_start_epoch = 0
+        self._fit_start_step = 0
 
     def encoder_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """Parameters under the names checkpoints and Fisher files use."""
@@ -136,7 +147,7 @@ class PremiseRetriever(pl.LightningModule):
         size = len(batch["index"])
         loss = batch_loss(self, batch, self.loss)
         if self.ewc is not None:
-            penalty = self.ewc(dict(self.encoder_parameters()))
+            penalty = self.ewc.to(self.device)(dict(self.encoder_parameters()))
             self.log("loss_retrieval_train", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
             self.log("ewc_penalty_train", penalty, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
             loss = loss + penalty
@@ -149,11 +160,53 @@ class PremiseRetriever(pl.LightningModule):
             datamodule.set_epoch(self.current_epoch)
         self.corpus_embeddings = None
 
+    def fit_steps(self) -> int:
+        """Optimizer steps of the fit being run: from its first epoch to `max_epochs` (or `max_steps`)."""
+        trainer = self.trainer
+        trainer.estimated_stepping_batches  # sets up the train dataloader, so num_training_batches is known
+        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
+        steps = math.inf
+        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+            steps = per_epoch * (trainer.max_epochs - self._fit_start_epoch)
+        if trainer.max_steps is not None and trainer.max_steps >= 0:
+            steps = min(steps, trainer.max_steps - self._fit_start_step)
+        if not math.isfinite(steps):
+            raise LeanAgentError("the fit has no end (trainer.max_epochs and max_steps unset): the LR schedule needs one")
+        return max(1, int(steps))
+
     def configure_optimizers(self) -> dict[str, Any]:
         optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(self.warmup_steps, total))
+        schedule = warmup_cosine(self.warmup_steps, self.fit_steps(), self._fit_start_step)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=-1)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        """After a resume, the restored optimizer and scheduler carry the checkpoint's lr and weight decay:
+        the values this run was given win, and the LR follows this fit's schedule from its current step."""
+        optimizer = self.optimizers(use_pl_optimizer=False)
+        scheduler = self.lr_schedulers()
+        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
+        for group in optimizer.param_groups:
+            group["initial_lr"] = self.lr
+            group["lr"] = self.lr * factor
+            group["weight_decay"] = self.weight_decay
+        scheduler.base_lrs = [self.lr] * len(optimizer.param_groups)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        log.info(
+            "rank %d: LR schedule over %d optimizer steps from step %d (warmup %d, peak %g), now at step %d",
+            self.global_rank, self.fit_steps(), self._fit_start_step, self.warmup_steps, self.lr, scheduler.last_epoch,
+        )
+
+    def setup(self, stage: str) -> None:
+        """Refuse a monitored Recall@k that `num_retrieved` cannot measure, before any training."""
+        measured = {f"Recall@{k}" for k in recall_ks(self.num_retrieved)}
+        for callback in self.trainer.callbacks if self.trainer is not None else []:
+            monitor = getattr(callback, "monitor", None)
+            if isinstance(monitor, str) and monitor.startswith("Recall@") and monitor.split("_")[0] not in measured:
+                raise LeanAgentError(
+                    f"{type(callback).__name__} monitors {monitor}, but model.num_retrieved is {self.num_retrieved}, "
+                    f"so only {', '.join(sorted(measured))} are measured: raise num_retrieved or change the monitor"
+                )
 
     # Corpus embeddings, shared by validation, test and predict.
     @torch.no_grad()
@@ -186,8 +239,13 @@ class PremiseRetriever(pl.LightningModule):
         return self.encoder.t5.config.d_model
 
     def _ensure_corpus_embeddings(self) -> None:
-        """Embed the corpus once per weight version and corpus file, not once per evaluation call."""
-        key = (self.global_step, self.trainer.datamodule.corpus_fingerprint)
+        """Embed the corpus once per weights and encoder input, not once per evaluation call.
+
+        Every in-place change of a parameter (optimizer step, load_state_dict) bumps its `_version`,
+        so the key changes whenever the weights may have, whoever changed them.
+        """
+        weights = tuple((p.data_ptr(), p._version) for p in self.encoder.parameters())
+        key = (weights, self.trainer.datamodule.corpus_fingerprint, str(self.device))
         if self.corpus_embeddings is None or self._embedded_at != key:
             self.corpus_embeddings = self.embed_corpus()
             self._embedded_at = key
@@ -212,12 +270,12 @@ class PremiseRetriever(pl.LightningModule):
     def _start_eval(self, split: str) -> None:
         self._ensure_corpus_embeddings()
         size = len(self.trainer.datamodule.states(split))
-        self._eval_values = torch.zeros(size, len(METRIC_NAMES) + 1, device=self.device)
+        self._eval_values = torch.zeros(size, len(metric_names(self.num_retrieved)) + 1, device=self.device)
         self._eval_seen = torch.zeros(size, device=self.device)
 
     def _eval_step(self, batch: dict[str, torch.Tensor]) -> None:
         retrieved, _ = self.retrieve(batch)
-        self._eval_values[batch["index"]] = retrieval_metrics(retrieved, batch["positives"])
+        self._eval_values[batch["index"]] = retrieval_metrics(retrieved, batch["positives"], recall_ks(self.num_retrieved))
         self._eval_seen[batch["index"]] = 1.0
 
     def _end_eval(self, suffix: str) -> dict[str, float]:
@@ -228,8 +286,9 @@ class PremiseRetriever(pl.LightningModule):
         per_example = summed[:, :-1][seen > 0] / seen[seen > 0, None]  # a duplicate counts once
         with_positives = per_example[:, -1] > 0
         count = int(with_positives.sum())
-        means = per_example[with_positives, :-1].mean(dim=0) if count else torch.zeros(len(METRIC_NAMES))
-        results = {f"{name}_{suffix}": float(v) for name, v in zip(METRIC_NAMES, means)}
+        names = metric_names(self.num_retrieved)
+        means = per_example[with_positives, :-1].mean(dim=0) if count else torch.zeros(len(names))
+        results = {f"{name}_{suffix}": float(v) for name, v in zip(names, means)}
         for name, value in results.items():
             self.log(name, value, prog_bar=name.startswith("Recall@10"), sync_dist=True)
         self.log(f"num_evaluated_{suffix}", float(count), sync_dist=True)
@@ -260,8 +319,23 @@ class PremiseRetriever(pl.LightningModule):
         retrieved, scores = self.retrieve(batch)
         return {"index": batch["index"].cpu(), "retrieved": retrieved.cpu(), "scores": scores.float().cpu()}
 
-    # Checkpoints: refuse one made for another architecture with a clear message.
+    # Checkpoints: the fit's plan goes in; one made for another architecture is refused.
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainer = self.trainer
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        epoch_done = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
+        state = FitState(
+            start_epoch=self._fit_start_epoch,
+            start_step=self._fit_start_step,
+            max_epochs=int(trainer.max_epochs if trainer.max_epochs is not None else -1),
+            finished=epoch_done and (last_epoch or trainer.should_stop),
+        )
+        checkpoint[FIT_STATE_KEY] = state.as_dict()
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
         saved = checkpoint.get("hyper_parameters", {}).get("model_name")
         if saved is not None and saved != self.model_name:
             raise LeanAgentError(

@@ -1,0 +1,36 @@
+"""Lightning's ModelCheckpoint, with a `last.ckpt` that always holds the end of the last epoch, written atomically.
+
+With `monitor` set, the pinned Lightning rewrites `last.ckpt` only when a new best is saved, so a
+fit whose metric fell in its final epochs leaves an older epoch there. Resuming, the Fisher
+config and every lifelong stage read `last.ckpt`; here it is rewritten at the end of every
+training epoch, and every file (best and last) is written to a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytorch_lightning as pl
+from fsspec.implementations.local import LocalFileSystem
+from pytorch_lightning.callbacks import ModelCheckpoint as LightningModelCheckpoint
+
+
+class ModelCheckpoint(LightningModelCheckpoint):
+    """Drop-in for `pytorch_lightning.callbacks.ModelCheckpoint` (same arguments)."""
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if not isinstance(self._fs, LocalFileSystem):
+            return super()._save_checkpoint(trainer, filepath)
+        target = Path(filepath)
+        tmp = str(target.with_name(f".{target.name}.tmp"))  # the same name on every rank; rank 0 writes it
+        super()._save_checkpoint(trainer, tmp)
+        if trainer.is_global_zero:
+            os.replace(tmp, target)
+        self._last_checkpoint_saved = str(target)
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        # Even if a best checkpoint was just saved at this step: last.ckpt must be this epoch's end.
+        if self.save_last and not (trainer.fast_dev_run or trainer.sanity_checking):
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))

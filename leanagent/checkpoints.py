@@ -1,0 +1,82 @@
+"""Lightning checkpoints as inputs: loaded safely, and read for the state of the fit that wrote them.
+
+A fit's plan (first epoch, first optimizer step, epoch budget) and whether it ended are stored in
+every checkpoint it writes, so that a resumed fit either finishes the interrupted plan or starts
+the next one (progressive training), and the learning-rate schedule spans exactly one fit.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from leanagent.errors import LeanAgentError
+
+FIT_STATE_KEY = "leanagent_fit"
+SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
+
+
+def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[str, Any]:
+    """torch.load with weights_only=True: a pickle payload is refused, never run; damage is one clear error."""
+    p = Path(path)
+    if p.is_dir():
+        raise LeanAgentError(f"{what}: {p} is a folder, not a checkpoint file")
+    if not p.is_file():
+        raise LeanAgentError(f"{what}: checkpoint not found: {p}")
+    try:
+        try:
+            checkpoint = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            checkpoint = torch.load(p, map_location="cpu", weights_only=True)
+    except OSError as e:
+        raise LeanAgentError(f"{what}: {p}: cannot read ({e.strerror or type(e).__name__})") from None
+    except Exception as e:  # truncated zip, random bytes, unsafe pickle: torch raises many types
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise LeanAgentError(
+            f"{what}: {p} is not a loadable weights-only checkpoint ({type(e).__name__}: {first})"
+        ) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise LeanAgentError(f"{what}: {p} is not a Lightning checkpoint (no state_dict)")
+    return checkpoint
+
+
+@dataclass(frozen=True)
+class FitState:
+    """The fit a checkpoint belongs to: its first epoch and optimizer step, its epoch budget, whether it ended."""
+
+    start_epoch: int
+    start_step: int
+    max_epochs: int
+    finished: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fit_state(checkpoint: dict[str, Any]) -> FitState:
+    """What a checkpoint says about its fit; checkpoints from elsewhere count as finished at their epoch."""
+    saved = checkpoint.get(FIT_STATE_KEY)
+    if isinstance(saved, dict):
+        try:
+            return FitState(**{k: saved[k] for k in ("start_epoch", "start_step", "max_epochs", "finished")})
+        except (KeyError, TypeError):
+            pass
+    epoch = int(checkpoint.get("epoch", -1))
+    return FitState(start_epoch=0, start_step=0, max_epochs=epoch + 1, finished=True)
+
+
+def next_fit_start(checkpoint: dict[str, Any]) -> tuple[int, int]:
+    """(first epoch, first optimizer step) of a fit resumed from `checkpoint`.
+
+    An unfinished fit continues its own plan; after a finished one, the next fit starts where it ended.
+    """
+    state = fit_state(checkpoint)
+    if not state.finished:
+        return state.start_epoch, state.start_step
+    return int(checkpoint.get("epoch", -1)) + 1, int(checkpoint.get("global_step", 0))
