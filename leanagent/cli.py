@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
+from argparse import ArgumentError
+
 from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningCLI
 
+from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
 from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
 from leanagent.checkpoints import SPECIAL_CKPT_PATHS, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
@@ -26,6 +29,7 @@ from leanagent.distributed import (
     uses_cpu,
 )
 from leanagent.errors import LeanAgentError
+from leanagent.io import ensure_writable
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
 
@@ -42,6 +46,9 @@ class LeanAgentCLI(LightningCLI):
         kwargs.setdefault("datamodule_class", RetrievalDataModule)
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        # Parse errors reach main() as exceptions, which prints them as one line (not usage, then the error).
+        quiet = {"exit_on_error": False}
+        kwargs.setdefault("parser_kwargs", {**quiet, **{name: quiet for name in ("fit", "validate", "test", "predict")}})
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -54,6 +61,8 @@ class LeanAgentCLI(LightningCLI):
         parser.set_defaults({"model": {"class_path": RETRIEVER_CLASS_PATH}})
         # `progressive.epochs_per_repo` at top level, easy to override; the callback joins trainer.callbacks.
         parser.add_lightning_class_args(ProgressiveTraining, "progressive")
+        # SIGTERM/SIGINT: stop at the next optimizer step with a resumable last.ckpt (see callbacks/preemption.py).
+        parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
 
     def parse_arguments(self, parser, args) -> None:
         self._raw_args = list(sys.argv[1:] if args is None else args)
@@ -71,6 +80,11 @@ class LeanAgentCLI(LightningCLI):
         if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
             return
         self._checkpoint = load_checkpoint(ckpt_path)
+        if subcommand == "fit" and "optimizer_states" not in self._checkpoint:
+            raise LeanAgentError(
+                f"--ckpt_path: {ckpt_path} holds no optimizer state (a weights-only checkpoint), so a fit cannot "
+                "resume from it; give a checkpoint that a fit wrote (such as last.ckpt)"
+            )
         adopted = adopt_checkpoint_hparams(config, self._checkpoint, explicit_model_keys(self._raw_args, subcommand))
         if adopted:
             log.info("from checkpoint %s: %s", ckpt_path, ", ".join(f"{k}={v!r}" for k, v in adopted.items()))
@@ -79,6 +93,8 @@ class LeanAgentCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         configure_distributed(config)
         use_final_last_checkpoint(config)
+        if self.subcommand in ("fit", "predict"):
+            check_outputs_writable(config)
         if self.subcommand == "fit":
             explicit = config.trainer.max_epochs
             progressive = config.get("progressive") or Namespace(epochs_per_repo=1)
@@ -117,6 +133,7 @@ def configure_distributed(config: Namespace) -> None:
     )
 
     accelerator = str(trainer.accelerator)
+    check_device_count(trainer.devices)
     check_gpu_count(accelerator, trainer.devices)
     devices = trainer.devices
     if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
@@ -140,6 +157,31 @@ def use_final_last_checkpoint(config: Namespace) -> None:
             callback.class_path = FINAL_LAST_CHECKPOINT
             log.info("trainer.callbacks: %s runs as %s (same arguments; last.ckpt is always the final epoch)",
                      LIGHTNING_MODEL_CHECKPOINT[0], FINAL_LAST_CHECKPOINT)
+
+
+def check_device_count(devices: Any) -> None:
+    value = devices
+    if isinstance(devices, str) and devices.lstrip("-").isdigit():
+        value = int(devices)
+    if isinstance(value, int) and (value == 0 or value < -1):
+        raise LeanAgentError(f"trainer.devices must be a positive number of devices, -1 or 'auto', got {devices!r}")
+
+
+def check_outputs_writable(config: Namespace) -> None:
+    """Find an unwritable output folder now, not after an epoch of training."""
+    outputs: list[tuple[str, str]] = []
+    for i, callback in enumerate(config.trainer.get("callbacks") or []):
+        dirpath = callback.get("init_args", Namespace()).get("dirpath") if isinstance(callback, Namespace) else None
+        if dirpath:
+            outputs.append((f"trainer.callbacks[{i}] ({callback.class_path.rsplit('.', 1)[-1]}) dirpath", dirpath))
+    logger = config.trainer.get("logger")
+    if isinstance(logger, Namespace) and logger.get("init_args", Namespace()).get("save_dir"):
+        outputs.append(("trainer.logger save_dir", logger.init_args.save_dir))
+    model_args = config.model.get("init_args", Namespace()) if isinstance(config.get("model"), Namespace) else Namespace()
+    if model_args.get("output_path"):
+        outputs.append(("model.init_args.output_path", str(Path(model_args.output_path).parent)))
+    for what, folder in outputs:
+        ensure_writable(folder, what)
 
 
 ARCHITECTURE_KEYS = ("model_name",)
@@ -229,6 +271,13 @@ def main(args: list[str] | None = None) -> None:
             lifelong_main(argv[0], argv[1:])
         else:
             LeanAgentCLI(args=args)
+    except Preempted as stop:
+        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") in ("", "0"):
+            print(f"preempted: {stop}", file=sys.stderr)
+        sys.exit(128 + stop.signum)
+    except ArgumentError as e:
+        print(f"error: {summarize_parse_error(str(e), argv)}", file=sys.stderr)
+        sys.exit(2)
     except Exception as e:
         user_error = _user_error(e)
         if user_error is None:
@@ -236,7 +285,36 @@ def main(args: list[str] | None = None) -> None:
         rank = os.environ.get("LOCAL_RANK", "0")
         prefix = "error" if rank == "0" else f"error (rank {rank})"
         print(f"{prefix}: {user_error}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(user_error, "exit_code", 2))
+
+
+def summarize_parse_error(message: str, argv: list[str]) -> str:
+    """jsonargparse's many-line parse errors as one line: config file(s), the innermost key, why, the value."""
+    import re
+
+    import yaml
+
+    configs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
+    configs += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    if message.startswith("Problems parsing config"):
+        for path in configs:
+            try:
+                yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}" if mark is not None else path
+                return f"{where}: malformed YAML ({getattr(e, 'problem', None) or 'cannot parse'})"
+            except (OSError, UnicodeDecodeError) as e:
+                return f"{path}: cannot read the config ({e})"
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    reasons = [r.strip() for r in re.findall(r"^\s*- (.+)$", message, re.M) if "NoneType" not in r and "Problem with" not in r]
+    values = re.findall(r"Given value: (.+)$", message, re.M)
+    source = f"{', '.join(configs)}: " if configs else ""
+    if keys:
+        reason = reasons[-1] if reasons else "invalid value"
+        value = f" (got {values[0].strip()})" if values else ""
+        return f"{source}{'.'.join(keys)}: {reason}{value}"
+    return source + " ".join(line.strip() for line in message.splitlines() if line.strip())[:400]
 
 
 def _user_error(error: BaseException | None) -> LeanAgentError | None:

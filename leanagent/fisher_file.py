@@ -54,9 +54,16 @@ def read_fisher_metadata(path: str | os.PathLike) -> dict[str, str]:
         raise LeanAgentError(f"Fisher file not found: {p}")
     try:
         with safe_open(str(p), framework="pt") as f:
-            return dict(f.metadata() or {})
+            metadata = dict(f.metadata() or {})
     except Exception as e:  # safetensors raises several types for a damaged file
         raise LeanAgentError(f"{p}: not a readable safetensors Fisher file ({e})") from None
+    try:
+        names = json.loads(metadata.get("parameter_names", "[]"))
+    except json.JSONDecodeError:
+        names = None
+    if not isinstance(names, list):
+        raise LeanAgentError(f"{p}: damaged Fisher metadata ('parameter_names' is not a JSON list)")
+    return metadata
 
 
 def check_state_dict(saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], what: str) -> None:

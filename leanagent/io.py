@@ -31,6 +31,19 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def ensure_writable(folder: str | os.PathLike, what: str) -> Path:
+    """Create `folder` if needed and prove a file can be written there (permissions, read-only disks)."""
+    p = Path(folder)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=p, prefix=".leanagent-write-test.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise LeanAgentError(f"{what}: {p} is not writable ({e.strerror or type(e).__name__})") from None
+    return p
+
+
 def unreadable(path: Path, error: OSError) -> LeanAgentError:
     """One line for any OS-level failure to read an input (permissions, a folder, I/O errors)."""
     return LeanAgentError(f"{path}: cannot read ({error.strerror or type(error).__name__})")

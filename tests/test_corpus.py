@@ -92,3 +92,48 @@ def test_bundled_corpus_loads_with_consistent_ranges():
     lo, hi = corpus.file_ranges.T
     assert (hi - lo).sum() == len(corpus)
     assert all((corpus.premise_file[l:h] == f).all() for f, (l, h) in enumerate(corpus.file_ranges))
+
+
+def test_premises_reprover_skips_are_skipped_and_counted_in_one_warning(tmp_path, caplog):
+    records = [{"path": "A.lean", "imports": [], "premises": [
+        premise("a1", 1, 2),
+        {"full_name": None, "code": "instance : Foo := x", "start": [3, 1], "end": [3, 9]},
+        {"full_name": "_private.user__.n", "code": "x", "start": [4, 1], "end": [4, 9]},
+        {"full_name": "[Even, Odd]", "code": "mutual ...", "start": [5, 1], "end": [5, 9]},
+        {"full_name": "empty", "code": "", "start": [6, 1], "end": [6, 9]},
+        premise("a2", 7, 8),
+    ]}]
+    with caplog.at_level("WARNING", logger="leanagent"):
+        corpus = load(tmp_path, records)
+    assert corpus.names == ["a1", "a2"]
+    warnings = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(warnings) == 1 and "skipped 4 premise(s)" in warnings[0] and "1 null full_name" in warnings[0]
+
+
+def test_premises_are_embedded_in_reprovers_serialized_form():
+    from leanagent.data.corpus import serialize_premise
+
+    assert serialize_premise("Nat.add_comm", "theorem add_comm (n m : ℕ) : n + m = m + n") == (
+        "theorem <a>Nat.add_comm</a> (n m : ℕ) : n + m = m + n")
+    assert serialize_premise("Foo.bar", "def _root_.Foo.bar := 1") == "def <a>Foo.bar</a> := 1"
+    assert serialize_premise("List.«term_~_»", "notation:50 «term_~_» => Perm") == "notation:50 <a>List.«term_~_»</a> => Perm"
+    assert serialize_premise("x.y", "no name here") == "no name here"
+
+
+def test_unreadable_inputs_give_one_error_naming_the_file(tmp_path, monkeypatch):
+    bad = tmp_path / "corpus.jsonl"
+    bad.write_bytes(b'{"path": "A.lean", "imports": [], "premises": []}\n{"path": "B\xff.lean"}\n')
+    with pytest.raises(LeanAgentError, match=r"corpus.jsonl:2: not UTF-8 text"):
+        Corpus.from_jsonl(bad)
+    with pytest.raises(LeanAgentError, match="is a folder, not a file"):
+        Corpus.from_jsonl(tmp_path)
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"path": "A.lean", "imports": [], "premises": []}\n')
+    import pathlib
+
+    def denied(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(pathlib.Path, "open", denied)  # root ignores chmod, so refuse the read itself
+    with pytest.raises(LeanAgentError, match=r"good.jsonl: cannot read \(Permission denied\)"):
+        Corpus.from_jsonl(good)

@@ -98,3 +98,33 @@ def test_byte_tokenizer_matches_byt5_and_truncates_keeping_eos():
     ids, lengths = ByteTokenizer().encode(["ab", "é" + "x" * 10], max_len=5)
     assert ids[0].tolist() == [ord("a") + 3, ord("b") + 3, 1, 0, 0] and lengths[0] == 3
     assert ids[1].tolist() == [0xC3 + 3, 0xA9 + 3, ord("x") + 3, ord("x") + 3, 1] and lengths[1] == 5
+
+
+def test_every_rank_gets_an_evaluation_batch_even_when_examples_are_fewer_than_ranks():
+    shards = [list(UnpaddedDistributedSampler(list(range(1)), num_replicas=3, rank=r, never_empty=True)) for r in range(3)]
+    assert shards == [[0], [0], [0]]  # the duplicates are counted once (results are stored by example index)
+    assert [list(UnpaddedDistributedSampler(list(range(5)), 2, r, never_empty=True)) for r in range(2)] == [[0, 2, 4], [1, 3]]
+    assert list(UnpaddedDistributedSampler(list(range(1)), num_replicas=2, rank=1)) == []  # the Fisher's exact shards
+
+
+def test_corpus_embeddings_are_recomputed_when_the_weights_change(toy_dataset):
+    from leanagent.models.retriever import PremiseRetriever
+
+    torch.manual_seed(0)
+    model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32)
+    other = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32)
+    dm = datamodule(toy_dataset)
+
+    class FakeTrainer:
+        datamodule = dm
+        world_size, global_rank = 1, 0
+
+    model._trainer = FakeTrainer()
+    model.all_gather = None
+    model._ensure_corpus_embeddings()
+    first = model.corpus_embeddings
+    model._ensure_corpus_embeddings()
+    assert model.corpus_embeddings is first  # same weights, same corpus: reused
+    model.load_state_dict(other.state_dict())  # another checkpoint, same global step
+    model._ensure_corpus_embeddings()
+    assert not torch.allclose(model.corpus_embeddings, first)

@@ -34,9 +34,25 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(workdir: Path, mini_dataset: Path) -> tuple[Path, str]:
-    result = run_cli(["fit", "--config", RETRIEVAL, *common(2), *data_args(mini_dataset), "--data.batch_size=4"], cwd=workdir)
+    result = run_cli(["fit", "--config", RETRIEVAL, *common(2), *data_args(mini_dataset), *FIT_SMALL], cwd=workdir)
     assert result.returncode == 0, result.stderr[-4000:]
     return workdir / "checkpoints" / "retrieval" / "last.ckpt", result.stderr
+
+
+FIT_SMALL = ["--data.batch_size=4", "--trainer.accumulate_grad_batches=1"]  # a dozen optimizer steps
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, str]]:
+    import csv
+
+    (path,) = sorted(run_dir.glob("lightning_logs/retrieval/version_*/metrics.csv"), key=lambda p: int(p.parent.name[8:]))[-1:]
+    return list(csv.DictReader(path.open()))
+
+
+def logged_lrs(run_dir: Path) -> list[float]:
+    rows = metrics_rows(run_dir)
+    column = next(c for c in rows[0] if c.startswith("lr-"))
+    return [float(r[column]) for r in rows if r.get(column)]
 
 
 def test_fit_on_two_gloo_ranks(trained):
@@ -49,7 +65,137 @@ def test_fit_on_two_gloo_ranks(trained):
         assert re.search(rf"rank {rank}/2: barrier 'after_fit' passed", log)
     saved = (checkpoint.parents[2] / "lightning_logs" / "retrieval").glob("version_*/config.yaml")
     config = next(iter(saved)).read_text()
+    assert "class_path: leanagent.callbacks.checkpoints.ModelCheckpoint" in config
     assert "class_path: pytorch_lightning.strategies.DDPStrategy" in config and "timeout: 364 days, 0:00:00" in config
+
+
+def test_last_checkpoint_is_the_final_epoch_and_the_lr_decays_over_the_fit(trained, workdir):
+    checkpoint, log = trained
+    saved = torch.load(checkpoint, weights_only=True, map_location="cpu")
+    lrs = logged_lrs(workdir)
+    assert saved["epoch"] == 2 and saved["global_step"] == len(lrs) >= 10  # 3 epochs (retrieval.yaml), every step
+    assert saved["leanagent_fit"] == {"start_epoch": 0, "start_step": 0, "max_epochs": 3, "finished": True}
+    peak = 2.0e-3  # retrieval.yaml's lr, warmup_steps 2
+    assert lrs[:3] == pytest.approx([0.0, peak / 2, peak])
+    assert lrs[-1] < 0.05 * peak
+    assert "this fit trains to max_epochs=3 (progressive training)" in log
+
+
+def test_given_max_epochs_lr_and_loss_win_over_the_checkpoint(trained, tmp_path, mini_dataset):
+    checkpoint, _ = trained
+    start = tmp_path / "start.ckpt"
+    start.write_bytes(checkpoint.read_bytes())
+    result = run_cli(
+        ["fit", "--config", RETRIEVAL, *common(1), *data_args(mini_dataset), *FIT_SMALL, f"--ckpt_path={start}",
+         "--trainer.max_epochs=4", "--model.init_args.lr=1e-5", "--model.init_args.loss=mse"],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    import yaml
+
+    hparams = yaml.safe_load(next(tmp_path.glob("lightning_logs/retrieval/version_*/hparams.yaml")).read_text())
+    assert hparams["lr"] == 1e-5 and hparams["loss"] == "mse"
+    resumed = torch.load(tmp_path / "checkpoints" / "retrieval" / "last.ckpt", weights_only=True)
+    assert resumed["epoch"] == 3  # epoch 3 only: max_epochs=4 as given, not 3 + epochs_per_repo
+    lrs = logged_lrs(tmp_path)
+    assert max(lrs) == pytest.approx(1e-5) and lrs[-1] < 0.05 * 1e-5 and lrs[0] == 0.0  # this fit's own warmup
+
+
+def test_the_same_ewc_command_twice_reads_theta_star_from_the_fisher_file(trained, tmp_path, mini_dataset, retriever_checkpoint):
+    checkpoint, _ = trained
+    (tmp_path / "checkpoints" / "retrieval").mkdir(parents=True)
+    source = tmp_path / "checkpoints" / "retrieval" / "last.ckpt"  # theta*, which the EWC fit below writes over
+    source.write_bytes(retriever_checkpoint.read_bytes())
+    start = tmp_path / "start.ckpt"
+    start.write_bytes(checkpoint.read_bytes())
+    fisher = run_cli(["fit", "--config", FISHER, *common(1), *data_args(mini_dataset), "--trainer.precision=32-true",
+                      f"--model.init_args.ckpt_path={source.relative_to(tmp_path)}", "--model.init_args.output_path=f.safetensors"],
+                     cwd=tmp_path)
+    assert fisher.returncode == 0, fisher.stderr[-4000:]
+    penalties = []
+    for run in range(2):
+        result = run_cli(
+            ["fit", "--config", RETRIEVAL, *common(1), *data_args(mini_dataset), *FIT_SMALL, "--trainer.max_epochs=4",
+             f"--ckpt_path={start}", "--model.init_args.fisher_path=f.safetensors",
+             "--model.init_args.ewc_lambda=1000", "--trainer.precision=32-true"],
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        rows = metrics_rows(tmp_path)
+        penalties.append(float(next(r["ewc_penalty_train_step"] for r in rows if r.get("ewc_penalty_train_step"))))
+    assert torch.load(source, weights_only=True)["epoch"] == 3  # the source of theta* was overwritten in between
+    assert penalties[0] > 0 and penalties[0] == pytest.approx(penalties[1], rel=1e-6)
+
+
+def test_leanagent_fisher_on_two_ranks_squares_the_rank_averaged_gradient(trained, tmp_path, mini_dataset):
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.fisher import FisherInformation
+
+    checkpoint, _ = trained
+    out = tmp_path / "leanagent.safetensors"
+    result = run_cli(
+        ["fit", "--config", FISHER, *common(2), *data_args(mini_dataset), "--trainer.precision=32-true", "--data.batch_size=3",
+         "--model.init_args.mode=leanagent", f"--model.init_args.ckpt_path={checkpoint}", f"--model.init_args.output_path={out}"],
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    module = FisherInformation(ckpt_path=str(checkpoint), mode="leanagent", max_seq_len=64)
+    data = RetrievalDataModule(data_path=str(mini_dataset / "random"), corpus_path=str(mini_dataset / "corpus.jsonl"), max_seq_len=64)
+    pairs = data.train_pairs
+    n, world, batch = len(pairs), 2, 3
+    order = list(range(n)) + list(range(n))[: -n % world or 0]  # DistributedSampler(shuffle=False) pads with the first
+    shards = [order[r::world] for r in range(world)]
+    expected: dict[str, torch.Tensor] = {}
+    for b in range(0, len(shards[0]), batch):
+        grads = [module.batch_grads(data.collate_train([pairs[i] for i in shard[b : b + batch]])) for shard in shards]
+        for name in grads[0]:
+            mean = sum(g[name] for g in grads) / world
+            expected[name] = expected.get(name, 0) + mean**2
+    written = load_file(out)
+    for name, value in expected.items():
+        torch.testing.assert_close(written[f"encoder.{name}"], value / n, rtol=1e-4, atol=1e-12)
+
+
+def test_validate_on_a_split_with_fewer_states_than_ranks(trained, tmp_path, mini_dataset):
+    checkpoint, _ = trained
+    data = tmp_path / "one"
+    (data / "random").mkdir(parents=True)
+    (data / "corpus.jsonl").write_bytes((mini_dataset / "corpus.jsonl").read_bytes())
+    for split in ("train", "test"):
+        (data / "random" / f"{split}.json").write_bytes((mini_dataset / "random" / f"{split}.json").read_bytes())
+    val = json.loads((mini_dataset / "random" / "val.json").read_text())
+    first = next(t for t in val if t["traced_tactics"])
+    first["traced_tactics"] = first["traced_tactics"][:1]
+    (data / "random" / "val.json").write_text(json.dumps([first]))
+    metrics = {}
+    for devices in (1, 2):
+        result = run_cli(["validate", "--config", RETRIEVAL, *common(devices), *data_args(data), f"--ckpt_path={checkpoint}",
+                          "--trainer.precision=32-true", "--model.init_args.num_retrieved=5"], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        metrics[devices] = dict(re.findall(r"│\s+(\S+_val)\s+│\s+([\d.]+)\s+│", result.stdout))
+    assert metrics[1] == metrics[2] and float(metrics[2]["num_evaluated_val"]) == 1.0
+    assert "Recall@5_val" in metrics[2] and "Recall@10_val" not in metrics[2]  # 5 retrieved: R@10 is not measured
+
+
+def test_a_reprover_style_config_with_pytorch_lightning_callbacks_trains(tmp_path, mini_dataset):
+    import yaml
+
+    config = {
+        "trainer": {"max_epochs": 1, "log_every_n_steps": 1,
+                    "logger": {"class_path": "pytorch_lightning.loggers.CSVLogger", "init_args": {"save_dir": "logs"}},
+                    "callbacks": [
+                        {"class_path": "pytorch_lightning.callbacks.LearningRateMonitor", "init_args": {"logging_interval": "step"}},
+                        {"class_path": "pytorch_lightning.callbacks.ModelCheckpoint",
+                         "init_args": {"dirpath": "ckpt", "monitor": "Recall@10_val", "mode": "max", "save_last": True}}]},
+        "model": {"model_name": "byt5-tiny", "lr": 1e-3, "warmup_steps": 2, "num_retrieved": 100},  # no class_path
+        "data": {"data_path": str(mini_dataset / "random"), "corpus_path": str(mini_dataset / "corpus.jsonl"),
+                 "batch_size": 4, "max_seq_len": 64},
+    }
+    (tmp_path / "reprover.yaml").write_text(yaml.safe_dump(config))
+    result = run_cli(["fit", "--config", "reprover.yaml", *common(1)], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)["epoch"] == 0
+    assert next(tmp_path.glob("logs/lightning_logs/version_*/metrics.csv")).read_text().count("lr-AdamW") == 1
 
 
 def test_saved_config_feeds_back_into_the_cli(trained, workdir, mini_dataset):
@@ -118,7 +264,7 @@ def test_resuming_trains_epochs_per_repo_more_epochs(trained, workdir, mini_data
     checkpoint, _ = trained
     first = torch.load(checkpoint, weights_only=True, map_location="cpu")
     result = run_cli(
-        ["fit", "--config", RETRIEVAL, *common(1), *data_args(mini_dataset), f"--ckpt_path={checkpoint}", "--progressive.epochs_per_repo=2", "--data.batch_size=4"],
+        ["fit", "--config", RETRIEVAL, *common(1), *data_args(mini_dataset), f"--ckpt_path={checkpoint}", "--progressive.epochs_per_repo=2", *FIT_SMALL],
         cwd=workdir,
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -127,5 +273,6 @@ def test_resuming_trains_epochs_per_repo_more_epochs(trained, workdir, mini_data
     from leanagent.data.datamodule import RetrievalDataModule
 
     pairs = len(RetrievalDataModule(data_path=str(mini_dataset / "random"), corpus_path=str(mini_dataset / "corpus.jsonl")).train_pairs)
-    steps_per_epoch = math.ceil(math.ceil(pairs / 4) / 4)  # one rank, batch 4, accumulate_grad_batches 4
+    steps_per_epoch = math.ceil(pairs / 4)  # one rank, batch 4, accumulate_grad_batches 1
     assert resumed["global_step"] == first["global_step"] + 2 * steps_per_epoch
+    assert logged_lrs(workdir)[-1] < 0.05 * 2.0e-3  # the resumed fit's own schedule has decayed too

@@ -31,11 +31,12 @@ def test_penalty_is_zero_without_lambda_or_change():
     assert EWCPenalty(fisher, theta, lam=3.0)({"w": theta["w"].clone()}).item() == 0.0
 
 
-def fisher_for(checkpoint, path, value=1.0):
+def fisher_for(checkpoint, path, value=1.0, embed_theta=False):
     model = load_retriever(checkpoint)
     params = dict(model.named_parameters())
     save_fisher(path, {k: torch.full_like(v, value) for k, v in params.items()}, {
-        "mode": "empirical", "source_checkpoint": str(checkpoint), "weights_sha256": weights_fingerprint(params)})
+        "mode": "empirical", "source_checkpoint": str(checkpoint), "weights_sha256": weights_fingerprint(params)},
+        theta_star=params if embed_theta else None)
     return model
 
 
@@ -48,6 +49,45 @@ def test_retriever_with_ewc_is_pulled_towards_theta_star(retriever_checkpoint, t
     model.load_state_dict(anchor.state_dict())
     assert model.ewc(dict(model.encoder_parameters())).item() == 0.0
     assert not any(k.startswith("ewc.") for k in model.state_dict())  # checkpoints stay loadable without EWC
+
+
+def test_ewc_tensors_are_not_module_buffers_so_ddp_never_broadcasts_them(retriever_checkpoint, tmp_path):
+    fisher_for(retriever_checkpoint, tmp_path / "f.safetensors", embed_theta=True)
+    model = PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
+    plain = PremiseRetriever(model_name="byt5-tiny")
+    assert [name for name, _ in model.named_buffers()] == [name for name, _ in plain.named_buffers()]
+    assert model.ewc is not None and len(model.ewc.fisher) == len(list(model.encoder.parameters()))
+
+
+def test_a_fisher_file_carries_theta_star_so_overwriting_its_checkpoint_changes_nothing(retriever_checkpoint, tmp_path):
+    source = tmp_path / "last.ckpt"
+    source.write_bytes(retriever_checkpoint.read_bytes())
+    anchor = fisher_for(source, tmp_path / "f.safetensors", embed_theta=True)
+    first = PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
+    penalty = first.ewc(dict(first.encoder_parameters())).item()
+    saved = torch.load(source, weights_only=True)
+    saved["state_dict"] = {k: v + 1 for k, v in saved["state_dict"].items()}  # what the EWC fit writes over it
+    torch.save(saved, source)
+    torch.manual_seed(0)
+    second = PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
+    second.load_state_dict(first.state_dict())
+    assert second.ewc(dict(second.encoder_parameters())).item() == pytest.approx(penalty)
+    second.load_state_dict(anchor.state_dict())
+    assert second.ewc(dict(second.encoder_parameters())).item() == 0.0
+
+
+@pytest.mark.parametrize("value, message", [(float("nan"), "NaN or infinite"), (-1.0, "negative values")])
+def test_a_fisher_that_could_not_be_one_is_refused(retriever_checkpoint, tmp_path, value, message):
+    fisher_for(retriever_checkpoint, tmp_path / "f.safetensors", value=value, embed_theta=True)
+    with pytest.raises(LeanAgentError, match=message):
+        PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
+
+
+def test_ewc_settings_that_cannot_work_are_refused():
+    with pytest.raises(LeanAgentError, match="non-negative"):
+        PremiseRetriever(model_name="byt5-tiny", ewc_lambda=-1.0)
+    with pytest.raises(LeanAgentError, match="fisher_path is not set"):
+        PremiseRetriever(model_name="byt5-tiny", ewc_lambda=0.5)
 
 
 def test_fisher_whose_weights_changed_is_refused(retriever_checkpoint, tmp_path):

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from leanagent.metrics import retrieval_metrics
@@ -27,3 +28,24 @@ def test_recall_at_10_counts_only_the_first_ten():
 def test_padding_minus_one_is_never_a_hit():
     values = retrieval_metrics(torch.tensor([[-1, -1]]), torch.tensor([[5, -1]]))
     assert values[0, :3].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_fewer_retrieved_than_ten_measures_recall_at_that_many():
+    from leanagent.metrics import metric_names, recall_ks
+
+    assert recall_ks(100) == (1, 10) and metric_names(5) == ("Recall@1", "Recall@5", "MRR")
+    assert metric_names(1) == ("Recall@1", "MRR")
+
+
+def test_a_monitored_recall_that_cannot_be_measured_is_refused():
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from leanagent.errors import LeanAgentError
+    from leanagent.models.retriever import PremiseRetriever
+
+    model = PremiseRetriever(model_name="byt5-tiny", num_retrieved=5)
+    trainer = pl.Trainer(callbacks=[ModelCheckpoint(monitor="Recall@10_val")], logger=False, accelerator="cpu")
+    model.trainer = trainer
+    with pytest.raises(LeanAgentError, match="monitors Recall@10_val, but model.num_retrieved is 5"):
+        model.setup("fit")

@@ -12,14 +12,23 @@ import os
 from pathlib import Path
 
 import pytorch_lightning as pl
+import torch
 from fsspec.implementations.local import LocalFileSystem
 from pytorch_lightning.callbacks import ModelCheckpoint as LightningModelCheckpoint
+
+from leanagent.errors import LeanAgentError
 
 
 class ModelCheckpoint(LightningModelCheckpoint):
     """Drop-in for `pytorch_lightning.callbacks.ModelCheckpoint` (same arguments)."""
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        bad = [n for n, p in trainer.lightning_module.named_parameters() if not torch.isfinite(p).all()]
+        if bad:  # every rank holds the same weights under DDP, so every rank refuses together
+            raise LeanAgentError(
+                f"refusing to write {filepath}: the weights hold NaN or infinite values ({bad[0]}, ...) "
+                f"at global step {trainer.global_step}; the previous checkpoint is left as it was"
+            )
         if not isinstance(self._fs, LocalFileSystem):
             return super()._save_checkpoint(trainer, filepath)
         target = Path(filepath)

@@ -17,11 +17,11 @@ from typing import Any, Literal
 import pytorch_lightning as pl
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from leanagent.data.corpus import Corpus
 from leanagent.data.sampling import NegativeSampler
-from leanagent.data.samplers import UnpaddedDistributedSampler
+from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
 from leanagent.data.tactics import TacticStates, load_tactic_states, warn_unresolved
 from leanagent.data.tokenizer import gather_tokens, load_tokenizer
 from leanagent.errors import LeanAgentError
@@ -127,6 +127,8 @@ class RetrievalDataModule(pl.LightningDataModule):
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("max_seq_len", max_seq_len)):
             if value < 1:
                 raise LeanAgentError(f"data.{name} must be positive, got {value}")
+        if num_workers < 0:
+            raise LeanAgentError(f"data.num_workers must be 0 (load in the training process) or more, got {num_workers}")
         unknown = [s for s in predict_splits if s not in SPLITS]
         if unknown:
             raise LeanAgentError(f"data.predict_splits: unknown split(s) {unknown}; choose from {list(SPLITS)}")
@@ -214,10 +216,6 @@ class RetrievalDataModule(pl.LightningDataModule):
                 )
         return self._train
 
-    def set_epoch(self, epoch: int) -> None:
-        """New negatives each epoch, reproducibly."""
-        self.train_pairs.epoch = epoch
-
     # Batches.
     def collate_train(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         """Queries, then per item its positive followed by its negatives (-1 where none could be drawn).
@@ -281,11 +279,24 @@ class RetrievalDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
-        module = getattr(getattr(self, "trainer", None), "lightning_module", None)
+        trainer = getattr(self, "trainer", None)
+        module = getattr(trainer, "lightning_module", None)
         single_pass = bool(getattr(module, "needs_single_pass", False))
-        fixed_order = single_pass or bool(getattr(module, "needs_fixed_order", False))
-        return self._loader(
-            self.train_pairs, self.batch_size, self.collate_train, exact=single_pass, shuffle=not fixed_order
+        world_size, rank = self._world()
+        if single_pass:
+            return self._loader(self.train_pairs, self.batch_size, self.collate_train, exact=True)
+        if getattr(module, "needs_fixed_order", False):
+            # Lightning would inject a shuffled sampler into any training loader; a DistributedSampler is kept.
+            in_order = DistributedSampler(self.train_pairs, num_replicas=world_size, rank=rank, shuffle=False)
+            return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=in_order,
+                              collate_fn=self.collate_train, num_workers=self.num_workers)
+        sampler = EpochShuffledSampler(self.train_pairs, num_replicas=world_size, rank=rank, seed=self.seed)
+        resume = getattr(module, "resume_position", None)
+        if resume is not None:
+            sampler.skip_epoch, sampler.skip = resume[0], resume[1] * self.batch_size
+        return ResumableLoader(
+            self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collate_train,
+            num_workers=self.num_workers, position=lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         )
 
     def eval_dataloader(self, split: str) -> DataLoader:

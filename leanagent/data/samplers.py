@@ -1,10 +1,11 @@
-"""A distributed sampler that shards without padding, for passes that must count each example once."""
+"""Samplers: unpadded shards for passes that count each example once, and a resumable training order."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 
 class UnpaddedDistributedSampler(DistributedSampler):
@@ -33,3 +34,50 @@ class UnpaddedDistributedSampler(DistributedSampler):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+class EpochShuffledSampler(DistributedSampler):
+    """The training order, a function of (seed, epoch) alone, on one rank or many.
+
+    PyTorch's sampler for one process draws from the global RNG, so a resumed fit would see another
+    order; this one shuffles and pads like DistributedSampler with any world size (1 included), and
+    can skip the part of an epoch that a resumed fit has already trained on.
+    """
+
+    def __init__(self, dataset, num_replicas: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.skip = 0
+        self.skip_epoch: int | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Lightning calls this before every epoch, a resumed one included (unlike `on_train_epoch_start`),
+        so the epoch of the dataset's negative sampling follows it too."""
+        super().set_epoch(epoch)
+        if hasattr(self.dataset, "epoch"):
+            self.dataset.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(super().__iter__())
+        if self.skip and self.skip_epoch == self.epoch:
+            indices = indices[self.skip :]
+        self.skip, self.skip_epoch = 0, None
+        return iter(indices)
+
+
+class ResumableLoader(DataLoader):
+    """A training DataLoader whose checkpointed state is its place in the epoch (Lightning's stateful loading).
+
+    `position()` is the number of batches the fit loop has trained on in this epoch (read from the loop,
+    not counted here: the loader runs ahead of training by its prefetch).
+    """
+
+    def __init__(self, *args: Any, position: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.position = position
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": int(self.sampler.epoch), "batches_done": int(self.position())}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.sampler.skip = int(state["batches_done"]) * int(self.batch_size)
+        self.sampler.skip_epoch = int(state["epoch"])

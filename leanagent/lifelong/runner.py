@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -69,8 +70,12 @@ class LifelongSettings:
 
 
 def settings_fingerprint(settings: LifelongSettings) -> str:
-    """What makes two runs the same run; output_dir is where, not what."""
+    """What makes two runs the same run: the settings and the content of the stage configs they name
+    (editing configs/retrieval.yaml in place makes another run); output_dir is where, not what."""
     described = {k: v for k, v in asdict(settings).items() if k != "output_dir"}
+    for key in ("retrieval_config", "fisher_config"):
+        path = Path(described[key])
+        described[f"{key}_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -80,16 +85,43 @@ def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list
     return compute_curriculum(repos, settings.split).order
 
 
+class StageInterrupted(LeanAgentError):
+    """SIGTERM or Ctrl-C reached a stage, which saved its place; the same command continues it."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def _run(command: list[str], cwd: Path, what: str) -> None:
+    """Run a stage's command; SIGTERM and SIGINT sent to this process are passed on to it, not left behind."""
     cwd.mkdir(parents=True, exist_ok=True)
     log.info("%s: %s", what, " ".join(command[2:]))
     env = dict(os.environ)
     # Stages import the same leanagent as this process, whatever is installed elsewhere.
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    result = subprocess.run(command, cwd=cwd, env=env)
-    if result.returncode != 0:
-        raise LeanAgentError(f"{what} failed with exit code {result.returncode} (logs in {cwd})")
+    child = subprocess.Popen(command, cwd=cwd, env=env)
+    received: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        received.append(signum)
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        returncode = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise StageInterrupted(128 + received[0],
+            f"{what} stopped by {signal.Signals(received[0]).name} (exit code {returncode}); "
+            "run the same command again to continue from where it stopped"
+        )
+    if returncode != 0:
+        raise LeanAgentError(f"{what} failed with exit code {returncode} (logs in {cwd})")
 
 
 class LifelongRun:
@@ -133,31 +165,39 @@ class LifelongRun:
         if self.settings.construction == "single_repo":
             return repos[order[index]]
         target = stage_dir / "data"
-        merge_datasets([repos[n] for n in order[: index + 1]], target, split=self.settings.split)
+        if not (target / "corpus.jsonl").is_file():  # merging is deterministic and atomic: done once per stage
+            merge_datasets([repos[n] for n in order[: index + 1]], target, split=self.settings.split)
         return target
 
     def _run_stage(self, index: int, order: list[str], repos: dict[str, Path], state: dict) -> dict:
         s = self.settings
         name = order[index]
         stage_dir = self._stage_dir(index, name)
-        if stage_dir.exists():
-            shutil.rmtree(stage_dir)  # left by an interrupted run: redo it from scratch
-        stage_dir.mkdir(parents=True)
+        stage_dir.mkdir(parents=True, exist_ok=True)
         data = self._training_data(index, order, repos, stage_dir)
         previous = state["stages"][-1] if state["stages"] else None
 
         fit = self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}")
-        if previous is not None:
-            fit.append(f"--ckpt_path={previous['checkpoint']}")
-            if s.ewc.enabled and previous.get("fisher"):
-                fit += [f"--model.init_args.fisher_path={previous['fisher']}",
-                        f"--model.init_args.ewc_lambda={s.ewc.ewc_lambda}", f"--model.init_args.ewc_form={s.ewc.form}"]
-        _run(fit, stage_dir / "fit", f"stage {index} fit on {name}")
+        start = previous["checkpoint"] if previous is not None else None
+        if previous is not None and s.ewc.enabled and previous.get("fisher"):
+            fit += [f"--model.init_args.fisher_path={previous['fisher']}",
+                    f"--model.init_args.ewc_lambda={s.ewc.ewc_lambda}", f"--model.init_args.ewc_form={s.ewc.form}"]
+        progress = self._fit_progress(stage_dir)
+        if progress == "finished":
+            log.info("stage %d: its fit had finished before the interruption", index)
+        else:
+            if progress == "interrupted":
+                start = str(stage_dir / "fit" / "checkpoints" / "retrieval" / "last.ckpt")
+                log.info("stage %d: continuing its interrupted fit from %s", index, start)
+            elif (stage_dir / "fit").exists():
+                shutil.rmtree(stage_dir / "fit")  # started but saved nothing: start the fit again
+            _run(fit + ([f"--ckpt_path={start}"] if start else []), stage_dir / "fit", f"stage {index} fit on {name}")
         checkpoint = self._handover_checkpoint(index, stage_dir)
 
         fisher = None
         if s.ewc.enabled and index < len(order) - 1:
-            fisher = self._fisher(index, name, data, checkpoint, stage_dir, previous)
+            done = stage_dir / "fisher.safetensors"
+            fisher = done if done.is_file() else self._fisher(index, name, data, checkpoint, stage_dir, previous)
 
         seen = {n: (repos[n] / s.split, repos[n] / "corpus.jsonl") for n in order[: index + 1]}
         test = evaluate_checkpoint(checkpoint, seen, "test", s.eval_precision, s.eval_batch_size)
@@ -166,6 +206,17 @@ class LifelongRun:
                  "fisher": str(fisher) if fisher else None, "test": test, "val": val}
         write_json(stage_dir / "stage.json", stage)
         return stage
+
+    @staticmethod
+    def _fit_progress(stage_dir: Path) -> str:
+        """`none`, `interrupted` (a resumable last.ckpt of an unfinished fit) or `finished`."""
+        last = stage_dir / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
+        if not last.is_file():
+            return "none"
+        try:
+            return "finished" if fit_state(load_checkpoint(last)).finished else "interrupted"
+        except LeanAgentError:
+            return "none"
 
     def _handover_checkpoint(self, index: int, stage_dir: Path) -> Path:
         """The checkpoint the next stage starts from, its Fisher is computed on and this stage is evaluated with.

@@ -111,6 +111,11 @@ class PremiseRetriever(pl.LightningModule):
             raise LeanAgentError(f"model.loss must be one of {LOSSES}, got {loss!r}")
         if num_retrieved < 1:
             raise LeanAgentError(f"model.num_retrieved must be at least 1, got {num_retrieved}")
+        for name, value, low in (("lr", lr, 0.0), ("weight_decay", weight_decay, 0.0), ("warmup_steps", warmup_steps, 0)):
+            if not (value >= low and math.isfinite(value)) or (name == "lr" and value == 0):
+                raise LeanAgentError(f"model.{name} must be {'positive' if name == 'lr' else 'non-negative'}, got {value}")
+        if length_bucket < 1:
+            raise LeanAgentError(f"model.length_bucket must be at least 1, got {length_bucket}")
         self.model_name = model_name
         self.lr = lr
         self.warmup_steps = warmup_steps
@@ -127,6 +132,7 @@ class PremiseRetriever(pl.LightningModule):
         self._embedded_at: tuple | None = None
         self._fit_start_epoch = 0
         self._fit_start_step = 0
+        self.resume_position: tuple[int, int] | None = None
 
     def encoder_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """Parameters under the names checkpoints and Fisher files use."""
@@ -146,6 +152,12 @@ class PremiseRetriever(pl.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         size = len(batch["index"])
         loss = batch_loss(self, batch, self.loss)
+        if not torch.isfinite(loss):
+            raise LeanAgentError(
+                f"the training loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}, "
+                f"batch {batch_idx}, rank {self.global_rank}): stopping before any checkpoint takes these weights; "
+                "lower model.lr or check the data"
+            )
         if self.ewc is not None:
             penalty = self.ewc.to(self.device)(dict(self.encoder_parameters()))
             self.log("loss_retrieval_train", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
@@ -155,9 +167,7 @@ class PremiseRetriever(pl.LightningModule):
         return loss
 
     def on_train_epoch_start(self) -> None:
-        datamodule = self.trainer.datamodule
-        if hasattr(datamodule, "set_epoch"):
-            datamodule.set_epoch(self.current_epoch)
+        # New negatives each epoch come from the training sampler's set_epoch (see EpochShuffledSampler).
         self.corpus_embeddings = None
 
     def fit_steps(self) -> int:
@@ -332,10 +342,18 @@ class PremiseRetriever(pl.LightningModule):
             max_epochs=int(trainer.max_epochs if trainer.max_epochs is not None else -1),
             finished=epoch_done and (last_epoch or trainer.should_stop),
         )
-        checkpoint[FIT_STATE_KEY] = state.as_dict()
+        checkpoint[FIT_STATE_KEY] = {
+            **state.as_dict(),
+            # Where in the epoch this checkpoint was taken (a preemption saves mid-epoch), for an exact resume.
+            "epoch": trainer.current_epoch,
+            "batches_done": int(trainer.fit_loop.epoch_loop.batch_progress.current.processed),
+        }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
+        saved = checkpoint.get(FIT_STATE_KEY) or {}
+        # Read by the data module when it builds the training loader (before Lightning restores its loops).
+        self.resume_position = (int(saved["epoch"]), int(saved["batches_done"])) if "batches_done" in saved else None
         saved = checkpoint.get("hyper_parameters", {}).get("model_name")
         if saved is not None and saved != self.model_name:
             raise LeanAgentError(

@@ -1,0 +1,119 @@
+"""Wrong settings and damaged files, through the CLI's own entry point: one `error:` line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from leanagent.cli import main
+from tests.conftest import REPO
+
+RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
+FISHER = str(REPO / "configs" / "fisher.yaml")
+ONE_CPU = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.enable_progress_bar=false"]
+
+
+def data(root: Path) -> list[str]:
+    return [f"--data.data_path={root / 'random'}", f"--data.corpus_path={root / 'corpus.jsonl'}", "--data.max_seq_len=32"]
+
+
+def one_error(capsys, args: list[str], *fragments: str) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+    assert len(errors) == 1, errors
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "content, fragments",
+    [
+        ("trainer:\n  max_epochs: [1\n", ["bad.yaml:", "malformed YAML"]),
+        ("trainer:\n  max_epoch: 1\n", ["bad.yaml", "trainer.max_epoch"]),
+        ("trainer:\n  max_epochs: abc\n", ["bad.yaml", "trainer.max_epochs", "got abc"]),
+        ("trainer:\n  strategy:\n    init_args:\n      timeout: forever\n", ["bad.yaml", "timeout", "forever"]),
+    ],
+    ids=["malformed-yaml", "unknown-key", "wrong-type", "bad-timeout"],
+)
+def test_config_errors_name_the_file_and_key_in_one_line(capsys, in_tmp, content, fragments):
+    (in_tmp / "bad.yaml").write_text(content)
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "bad.yaml", *ONE_CPU], *fragments)
+
+
+@pytest.mark.parametrize(
+    "setting, fragment",
+    [
+        ("--trainer.devices=0", "trainer.devices must be a positive number"),
+        ("--model.init_args.lr=-1", "model.lr must be positive"),
+        ("--data.num_workers=-1", "data.num_workers must be 0"),
+        ("--model.init_args.ewc_lambda=-1", "ewc_lambda must be a finite non-negative number"),
+        ("--model.init_args.ewc_lambda=0.5", "fisher_path is not set"),
+    ],
+)
+def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, setting, fragment):
+    args = ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), setting]
+    if setting.startswith("--trainer.devices"):
+        args.remove("--trainer.devices=1")
+    one_error(capsys, args, fragment)
+
+
+@pytest.mark.parametrize("command", ["fit", "validate"])
+@pytest.mark.parametrize("kind", ["truncated", "random-bytes", "pickle-payload"])
+def test_damaged_or_unsafe_checkpoints_are_refused_without_running_them(capsys, in_tmp, toy_dataset, retriever_checkpoint, command, kind):
+    bad = in_tmp / "bad.ckpt"
+    if kind == "truncated":
+        bad.write_bytes(retriever_checkpoint.read_bytes()[:2000])
+    elif kind == "random-bytes":
+        bad.write_bytes(bytes(range(256)) * 40)
+    else:
+        class Payload:
+            def __reduce__(self):
+                return (Path.touch, (in_tmp / "payload-ran",))
+
+        torch.save({"state_dict": {}, "hyper_parameters": Payload()}, bad)
+    one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={bad}"],
+              "bad.ckpt", "not a loadable weights-only checkpoint")
+    assert not (in_tmp / "payload-ran").exists()
+    assert not (in_tmp / "checkpoints").exists()
+
+
+def test_a_weights_only_checkpoint_cannot_resume_a_fit(capsys, in_tmp, toy_dataset, retriever_checkpoint):
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={retriever_checkpoint}"],
+              "holds no optimizer state")
+
+
+@pytest.mark.parametrize("blocked, fragment", [("checkpoints", "ModelCheckpoint) dirpath"), ("lightning_logs", "trainer.logger save_dir")])
+def test_unwritable_output_folders_are_found_before_training(capsys, in_tmp, toy_dataset, blocked, fragment):
+    (in_tmp / blocked).write_text("a file where a folder must go")  # root ignores permissions; this still fails
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset)], fragment, "is not writable")
+
+
+def test_unwritable_fisher_output_is_found_before_the_pass(capsys, in_tmp, toy_dataset, retriever_checkpoint):
+    (in_tmp / "out").write_text("a file")
+    one_error(capsys, ["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={retriever_checkpoint}",
+                       "--model.init_args.output_path=out/fisher.safetensors"], "model.init_args.output_path", "is not writable")
+
+
+def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint):
+    from leanagent.fisher_file import save_fisher
+    from leanagent.models.fisher import load_retriever
+
+    params = dict(load_retriever(retriever_checkpoint).named_parameters())
+    save_fisher(in_tmp / "f.safetensors", {k: torch.ones_like(v) for k, v in params.items()}, {"mode": "empirical"}, theta_star=params)
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(in_tmp / "f.safetensors"))
+    save_file(tensors, str(in_tmp / "f.safetensors"), metadata={"parameter_names": "{not json", "weights_sha256": "x"})
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.fisher_path=f.safetensors",
+                       "--model.init_args.ewc_lambda=1"], "f.safetensors", "metadata")

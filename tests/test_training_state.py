@@ -1,0 +1,149 @@
+"""A run's state decided in one place: epoch budget, LR schedule, last.ckpt, settings against checkpoint hparams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from jsonargparse import Namespace
+
+from leanagent.callbacks.checkpoints import ModelCheckpoint
+from leanagent.callbacks.progressive import plan_max_epochs
+from leanagent.checkpoints import FIT_STATE_KEY, load_checkpoint, next_fit_start
+from leanagent.cli import adopt_checkpoint_hparams, explicit_model_keys, use_final_last_checkpoint
+from leanagent.errors import LeanAgentError
+from leanagent.models.retriever import warmup_cosine
+
+
+def checkpoint(epoch: int, step: int, **state) -> dict:
+    ckpt = {"epoch": epoch, "global_step": step, "state_dict": {}}
+    if state:
+        ckpt[FIT_STATE_KEY] = {"start_epoch": 0, "start_step": 0, "max_epochs": 3, "finished": True, **state}
+    return ckpt
+
+
+def test_epoch_budget_fresh_resumed_interrupted_and_explicit():
+    assert plan_max_epochs(None, None, 3) == 3
+    assert plan_max_epochs(checkpoint(2, 30, finished=True), None, 2) == 5  # epochs 0-2 done, 2 more
+    assert plan_max_epochs(checkpoint(1, 17, finished=False, max_epochs=3), None, 2) == 3  # finish the plan
+    assert plan_max_epochs(checkpoint(4, 50), None, 1) == 6  # a checkpoint from elsewhere counts as finished
+    assert plan_max_epochs(None, 1, 3) == 1
+    assert plan_max_epochs(checkpoint(2, 30, finished=True), 7, 1) == 7
+    with pytest.raises(LeanAgentError, match="already trained 3 epoch"):
+        plan_max_epochs(checkpoint(2, 30, finished=True), 3, 1)
+
+
+def test_next_fit_starts_where_the_last_one_ended_or_continues_an_interrupted_one():
+    assert next_fit_start(checkpoint(2, 30, finished=True)) == (3, 30)
+    assert next_fit_start(checkpoint(1, 17, finished=False, start_epoch=0, start_step=0)) == (0, 0)
+    assert next_fit_start({"epoch": 4, "global_step": 9, "state_dict": {}}) == (5, 9)
+
+
+def test_schedule_warms_up_then_decays_to_near_zero_at_the_last_step_of_each_fit():
+    peak_fraction = warmup_cosine(warmup_steps=4, total_steps=40)
+    assert [peak_fraction(s) for s in range(4)] == pytest.approx([0.0, 0.25, 0.5, 0.75])
+    assert peak_fraction(4) == pytest.approx(1.0)
+    assert peak_fraction(39) < 0.05
+    resumed = warmup_cosine(warmup_steps=4, total_steps=40, start_step=100)  # the next fit of a progressive run
+    assert resumed(101) == pytest.approx(0.25) and resumed(139) < 0.05
+
+
+def test_checkpoint_loading_refuses_junk_and_pickles_with_one_error(tmp_path):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(LeanAgentError, match="not a loadable weights-only checkpoint"):
+        load_checkpoint(junk)
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "ran",))
+
+    torch.save({"state_dict": {}, "x": Payload()}, tmp_path / "pickle.ckpt")
+    with pytest.raises(LeanAgentError, match="not a loadable weights-only checkpoint"):
+        load_checkpoint(tmp_path / "pickle.ckpt")
+    assert not (tmp_path / "ran").exists()
+    with pytest.raises(LeanAgentError, match="is a folder"):
+        load_checkpoint(tmp_path)
+
+
+class FallingMetric(pl.LightningModule):
+    """Its monitored score falls every epoch, so the best checkpoint is epoch 0's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("score", -float(self.current_epoch))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2)), batch_size=2)
+
+    val_dataloader = train_dataloader
+
+
+def test_last_checkpoint_holds_the_final_epoch_when_the_best_is_earlier(tmp_path):
+    callback = ModelCheckpoint(dirpath=tmp_path, monitor="score", mode="max", save_last=True, filename="{epoch}")
+    trainer = pl.Trainer(
+        max_epochs=3, callbacks=[callback], logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu", num_sanity_val_steps=0,
+    )
+    trainer.fit(FallingMetric())
+    last = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert last["epoch"] == 2 and last["global_step"] == trainer.global_step == 12
+    assert Path(callback.best_model_path).name == "epoch=0.ckpt"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # written under a temp name, renamed
+
+
+def test_lightning_model_checkpoint_in_a_config_runs_as_ours():
+    config = Namespace(trainer=Namespace(callbacks=[
+        Namespace(class_path="pytorch_lightning.callbacks.ModelCheckpoint", init_args=Namespace(save_last=True)),
+        Namespace(class_path="pytorch_lightning.callbacks.LearningRateMonitor", init_args=Namespace()),
+    ]))
+    use_final_last_checkpoint(config)
+    assert [c.class_path for c in config.trainer.callbacks] == [
+        "leanagent.callbacks.checkpoints.ModelCheckpoint", "pytorch_lightning.callbacks.LearningRateMonitor"]
+
+
+def test_explicit_settings_come_from_the_command_line_and_config_files(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  class_path: x.Y\n  init_args:\n    lr: 0.1\n    loss: mse\n")
+    reprover = tmp_path / "r.yaml"
+    reprover.write_text("model:\n  model_name: byt5-tiny\n  warmup_steps: 5\n")
+    argv = ["--config", str(config), f"--config={reprover}", "--model.init_args.num_retrieved=5", "--model.weight_decay", "0.1"]
+    assert explicit_model_keys(argv, "fit") == {"lr", "loss", "model_name", "warmup_steps", "num_retrieved", "weight_decay"}
+
+
+def retriever_config(**init_args) -> Namespace:
+    defaults = dict(model_name="byt5-tiny", lr=1e-4, loss="mse", warmup_steps=2000, max_seq_len=512)
+    return Namespace(
+        model=Namespace(class_path="leanagent.models.retriever.PremiseRetriever", init_args=Namespace(**{**defaults, **init_args})),
+        data=Namespace(model_name=init_args.get("model_name", "byt5-tiny")),
+    )
+
+
+def test_what_the_user_gave_wins_and_the_rest_comes_from_the_checkpoint():
+    saved = {"hyper_parameters": {"_class_path": "leanagent.models.retriever.PremiseRetriever", "model_name": "byt5-tiny",
+                                  "lr": 2e-3, "loss": "infonce", "warmup_steps": 2, "max_seq_len": 64}}
+    config = retriever_config(lr=1e-5, loss="mse")
+    adopted = adopt_checkpoint_hparams(config, saved, explicit={"lr", "loss"})
+    assert config.model.init_args.lr == 1e-5 and config.model.init_args.loss == "mse"  # given: kept
+    assert config.model.init_args.warmup_steps == 2 and adopted == {"warmup_steps": 2}  # not given: checkpoint's
+    assert config.model.init_args.max_seq_len == 512  # linked from data.max_seq_len, never from a checkpoint
+
+
+def test_another_architecture_is_refused_in_one_line():
+    saved = {"hyper_parameters": {"model_name": "byt5-mini"}}
+    with pytest.raises(LeanAgentError, match="trained with model_name 'byt5-mini'.*'byt5-tiny'"):
+        adopt_checkpoint_hparams(retriever_config(), saved, explicit={"model_name"})
+    config = retriever_config()
+    adopt_checkpoint_hparams(config, saved, explicit=set())
+    assert config.model.init_args.model_name == config.data.model_name == "byt5-mini"
