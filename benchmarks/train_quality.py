@@ -81,6 +81,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--corpus-path", default="data/batteries/corpus.jsonl")
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--seed", type=int, default=3407)
+    p.add_argument("--premise-text", choices=("serialized", "code"), default="serialized",
+                   help="what the encoder reads for a premise (ReProver's serialized form, or raw code)")
     return p.parse_args()
 
 
@@ -95,6 +97,7 @@ def main() -> None:
         max_seq_len=args.max_seq_len,
         model_name=args.model_name,
         seed=args.seed,
+        premise_text=args.premise_text,
     )
     model = PremiseRetriever(
         model_name=args.model_name,
@@ -127,7 +130,7 @@ def main() -> None:
     before, after = report.rows[0], report.rows[-1]
     best = max(report.rows[1:], key=lambda r: r["MRR_val"], default=after)
     print(
-        f"summary: loss={args.loss} lr={args.lr:g} warmup={args.warmup_steps} model={args.model_name} "
+        f"summary: premise_text={args.premise_text} loss={args.loss} lr={args.lr:g} warmup={args.warmup_steps} model={args.model_name} "
         f"bs={args.batch_size}x{args.accumulate} epochs={args.epochs} steps={after['steps']}  "
         f"R@1/R@10/MRR before {before['Recall@1_val']:.1f}/{before['Recall@10_val']:.1f}/{before['MRR_val']:.3f}  "
         f"final {after['Recall@1_val']:.1f}/{after['Recall@10_val']:.1f}/{after['MRR_val']:.3f}  "

@@ -32,6 +32,7 @@ class EWCPenalty:
         self.scale = lam / 2 if form == "paper" else lam
         self.fisher = {name: fisher[name].detach().float().clone() for name in self.names}
         self.theta_star = {name: theta_star[name].detach().float().clone() for name in self.names}
+        self.source = "theta*"
 
     def to(self, device: torch.device | str) -> EWCPenalty:
         device = torch.device(device)
@@ -75,7 +76,9 @@ def load_theta_star(metadata: dict[str, str], fisher_path: str | os.PathLike) ->
 
 def load_ewc(fisher_path: str | os.PathLike, params: dict[str, torch.Tensor], lam: float, form: EWCForm = "paper") -> EWCPenalty:
     fisher, metadata = load_fisher(fisher_path, params)
-    return EWCPenalty(fisher, load_theta_star(metadata, fisher_path), lam, form)
+    penalty = EWCPenalty(fisher, load_theta_star(metadata, fisher_path), lam, form)
+    penalty.source = f"{fisher_path} (computed on {metadata.get('source_checkpoint', 'unknown weights')})"
+    return penalty
 
 
 def build_ewc(

@@ -91,6 +91,8 @@ def resolve_repositories(spec: Repositories, work_dir: Path) -> dict[str, Path]:
     """Name -> dataset folder, in the given order."""
     if spec.data_root is not None:
         root = Path(spec.data_root)
+        if not root.is_dir():
+            raise LeanAgentError(f"repositories.data_root: {root} is not a folder")
         names = spec.names or sorted(p.name for p in root.iterdir() if (p / "corpus.jsonl").is_file())
         repos = {name: root / name for name in names}
         for name, path in repos.items():

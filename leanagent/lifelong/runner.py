@@ -28,7 +28,7 @@ import torch
 from leanagent.checkpoints import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.ewc import combine_fisher
-from leanagent.io import atomic_write, read_json, write_json
+from leanagent.io import atomic_write, ensure_writable, read_json, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_checkpoint
 from leanagent.lifelong.merge import merge_datasets
@@ -146,7 +146,7 @@ class LifelongRun:
     def run(self) -> dict:
         """Run (or finish) every stage; returns the report summary that results.json holds."""
         s = self.settings
-        self.out.mkdir(parents=True, exist_ok=True)
+        ensure_writable(self.out, "output_dir")
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
         order = repository_order(s, repos)
         state = self._load_state(order)

@@ -351,6 +351,14 @@ class PremiseRetriever(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
+        if self.ewc is not None:
+            state = checkpoint.get("state_dict", {})
+            moved = [n for n in self.ewc.names if n in state and not torch.equal(state[n].float(), self.ewc.theta_star[n].cpu())]
+            if moved:
+                log.warning(
+                    "EWC: this fit starts from weights other than the Fisher's theta* (%d of %d tensors differ, e.g. %s); "
+                    "the penalty pulls towards %s", len(moved), len(self.ewc.names), moved[0], self.ewc.source,
+                )
         saved = checkpoint.get(FIT_STATE_KEY) or {}
         # Read by the data module when it builds the training loader (before Lightning restores its loops).
         self.resume_position = (int(saved["epoch"]), int(saved["batches_done"])) if "batches_done" in saved else None
