@@ -27,6 +27,7 @@ from leanagent.distributed import (
 from leanagent.errors import LeanAgentError
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
+from leanagent.watchdog import Watchdog
 
 log = logging.getLogger("leanagent")
 
@@ -49,6 +50,8 @@ class LeanAgentCLI(LightningCLI):
         parser.set_defaults({"trainer.strategy": default_strategy(ONE_YEAR)})
         # `progressive.epochs_per_repo` at top level, easy to override; the callback joins trainer.callbacks.
         parser.add_lightning_class_args(ProgressiveTraining, "progressive")
+        # `--watchdog.stall_after` and `--watchdog.action` at top level: hang reports (leanagent/watchdog.py).
+        parser.add_lightning_class_args(Watchdog, "watchdog")
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -106,6 +109,7 @@ LIFELONG_COMMANDS = ("lifelong", "ablation", "curriculum")
 def main(args: list[str] | None = None) -> None:
     _setup_logging()
     argv = sys.argv[1:] if args is None else args
+    _install_fault_handling()
     try:
         if argv and argv[0] in LIFELONG_COMMANDS:
             from leanagent.lifelong.cli import main as lifelong_main
@@ -116,11 +120,29 @@ def main(args: list[str] | None = None) -> None:
     except Exception as e:
         user_error = _user_error(e)
         if user_error is None:
+            _exit_if_collective_failed(e)
             raise
         rank = os.environ.get("LOCAL_RANK", "0")
         prefix = "error" if rank == "0" else f"error (rank {rank})"
         print(f"{prefix}: {user_error}", file=sys.stderr)
         sys.exit(2)
+
+
+def _install_fault_handling() -> None:
+    """Lost ranks are named (Lightning's child observer replaced); NCCL's flight recorder on where unset."""
+    from leanagent import watchdog
+
+    watchdog.install_fault_handling()
+    watchdog.set_flight_recorder_env()
+
+
+def _exit_if_collective_failed(error: BaseException) -> None:
+    """A rank whose collective failed because another rank died: one line, not a gloo traceback."""
+    from leanagent import watchdog
+
+    failed = watchdog.collective_error(error)
+    if failed is not None:
+        sys.exit(watchdog.handle_collective_error(failed))
 
 
 def _user_error(error: BaseException | None) -> LeanAgentError | None:

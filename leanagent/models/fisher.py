@@ -26,6 +26,7 @@ from torch.func import functional_call, grad, vmap
 from leanagent.errors import LeanAgentError
 from leanagent.fisher_file import save_fisher, weights_fingerprint
 from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss
+from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")
 
@@ -130,6 +131,7 @@ class FisherInformation(pl.LightningModule):
         return grad(lambda p: batch_loss(self._encode(p, buffers), batch, self.retriever.loss))(params)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        beat("Fisher", batch_idx)
         if self.mode == "empirical":
             squared = {k: (g.float() ** 2).sum(dim=0) for k, g in self.per_example_grads(batch).items()}
         else:

@@ -1,0 +1,175 @@
+"""Hangs and lost ranks (leanagent/watchdog.py): unit tests, and real 2- and 4-rank gloo runs (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from leanagent import watchdog
+from tests.conftest import REPO
+
+RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
+
+
+# Unit tests.
+def record(rank: int, phase: str, step, age: float, now: float, **extra) -> dict:
+    base = {"rank": rank, "world_size": 3, "host": socket.gethostname(), "pid": os.getpid(), "phase": phase,
+            "step": step, "calls": 0, "seq": 5, "time": now - age, "phase_since": now - age, "alive": now, "state": "running"}
+    return {**base, **extra}
+
+
+def test_stall_lines_name_the_most_idle_rank_first_in_the_grep_able_form():
+    now = time.time()
+    records = {0: record(0, "train step (backward)", "3 of epoch 0", 21, now), 1: record(1, "train step", "3 of epoch 0", 25, now)}
+    lines = watchdog.stall_lines(records, records, now)
+    assert lines == [
+        "stalled: rank 1 (phase train step, step 3 of epoch 0) has made no progress for 0:00:25",
+        "stalled: rank 0 (phase train step (backward), step 3 of epoch 0) has made no progress for 0:00:21",
+    ]
+    text = watchdog.format_stall_report(records, {1: records[1]}, 20.0, 0, {0: "Thread 0x1 ...", 1: "not available: stopped"}, now)
+    assert text.splitlines()[0].startswith("stalled: rank 1 (phase train step")
+    assert "rank 2: no heartbeat here" in text and "--- Python stack of rank 1 ---" in text
+
+
+def test_heartbeat_files_are_written_atomically_and_read_back(tmp_path):
+    watchdog._write_json(tmp_path / "rank0.json", {"rank": 0, "phase": "x"})
+    (tmp_path / "rank1.json").write_text("{not json")  # half-written by someone else: skipped
+    assert list(watchdog.read_heartbeats(tmp_path)) == [0]
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_process_state_and_lost_ranks(tmp_path):
+    now = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    watchdog._write_json(tmp_path / "rank0.json", record(0, "train step", 1, 0, now))
+    watchdog._write_json(tmp_path / "rank1.json", record(1, "validation", 2, 0, now, pid=child.pid))
+    watchdog._write_json(tmp_path / "rank2.json", record(2, "x", 2, 0, now, host="elsewhere"))
+    assert watchdog.process_state(record(0, "x", 1, 0, now)) == "running"
+    assert [r for r, _, _ in watchdog.lost_ranks(tmp_path)] == [1]
+    line = watchdog.lost_rank_line(1, watchdog.read_heartbeats(tmp_path)[1], "killed by SIGKILL")
+    assert line.startswith("error: rank 1 (pid ") and "phase validation, step 2" in line
+
+
+def test_the_lost_rank_is_named_once_per_folder(tmp_path, capsys):
+    assert watchdog.report_lost(tmp_path, 3, None, "killed by SIGKILL")
+    assert not watchdog.report_lost(tmp_path, 3, None, "killed by SIGKILL")
+    assert capsys.readouterr().err.count("error: rank 3") == 1
+
+
+def test_collective_errors_are_recognised_through_the_chain():
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    try:
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ValueError("wrapped") from e
+    except ValueError as wrapped:
+        assert watchdog.collective_error(wrapped) is gloo
+    assert watchdog.collective_error(RuntimeError("shapes do not match")) is None
+    assert watchdog.one_line(gloo).startswith("RuntimeError: [../third_party/gloo")
+
+
+def test_watchdog_settings_are_validated():
+    from leanagent.errors import LeanAgentError
+
+    assert watchdog.Watchdog(stall_after=timedelta(seconds=20), action="abort").stall_after == timedelta(seconds=20)
+    with pytest.raises(LeanAgentError, match="stall_after"):
+        watchdog.Watchdog(stall_after=timedelta(0))
+    with pytest.raises(LeanAgentError, match="action"):
+        watchdog.Watchdog(action="explode")
+
+
+def test_cli_has_top_level_watchdog_flags_and_a_loadable_config(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli(["fit", "--config", RETRIEVAL, "--watchdog.stall_after=0:00:20", "--watchdog.action=abort", "--print_config"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"watchdog:\n  stall_after: 0:00:20\n  action: abort", result.stdout)
+    config = tmp_path / "config.yaml"
+    config.write_text(result.stdout)
+    again = run_cli(["fit", "--config", str(config), "--print_config"], cwd=tmp_path)
+    assert again.returncode == 0 and "stall_after: 0:00:20" in again.stdout
+
+
+def test_flight_recorder_env_is_set_only_where_unset(monkeypatch):
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    changed = watchdog.set_flight_recorder_env()
+    assert changed == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ
+
+
+# Real processes.
+def launch(args: list[str], cwd: Path, log: Path, extra_env: dict | None = None, argv0: list[str] | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_", "LEANAGENT_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra_env or {})
+    command = argv0 or [sys.executable, str(REPO / "main.py")]
+    return subprocess.Popen([*command, *args], cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def fit_args(dataset: Path, devices: int, *extra: str) -> list[str]:
+    return [
+        "fit", "--config", RETRIEVAL, "--trainer.accelerator=cpu", f"--trainer.devices={devices}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.precision=32-true",
+        f"--data.data_path={dataset / 'random'}", f"--data.corpus_path={dataset / 'corpus.jsonl'}",
+        "--data.max_seq_len=64", "--data.batch_size=2", "--trainer.accumulate_grad_batches=1", *extra,
+    ]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def rank_in_phase(folder: Path, rank: int, prefix: str):
+    def check():
+        record = watchdog.read_heartbeats(folder).get(rank) if folder.is_dir() else None
+        return record if record and str(record.get("phase", "")).startswith(prefix) else None
+
+    return check
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids whose command line contains `marker` (no psutil: /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+            except OSError:
+                continue
+            if marker in cmdline and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def kill_group(proc: subprocess.Popen, marker: str) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait(timeout=30)
+    for pid in processes_with(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
