@@ -252,7 +252,7 @@ def process_state(record: dict[str, Any]) -> str | None:
 def describe(record: dict[str, Any]) -> str:
     step = record.get("step")
     if step is None:
-        step = f"call {record.get('calls', 0)}" if record.get("calls") else "-"
+        step = record.get("calls", 0)  # forward calls in this phase (e.g. corpus batches embedded)
     return f"phase {record.get('phase')}, step {step}"
 
 
@@ -299,9 +299,9 @@ def lost_ranks(folder: Path | None, exclude: int | None = None) -> list[tuple[in
 def lost_rank_line(rank: int, record: dict[str, Any] | None, how: str) -> str:
     where = ""
     if record:
-        where = f"; last known {describe(record)}, {_duration(time.time() - record.get('time', time.time()))} before"
+        where = f"; its last known {describe(record)} ({_duration(time.time() - record.get('time', time.time()))} before)"
     pid = f" (pid {record['pid']})" if record else ""
-    return f"error: rank {rank}{pid} was lost: {how}{where}; the other ranks are stopped"
+    return f"error: rank {rank}{pid} was lost: {how}{where}; stopping the other ranks"
 
 
 def report_lost(folder: Path | None, rank: int, record: dict[str, Any] | None, how: str) -> bool:

@@ -117,6 +117,7 @@ def launch(args: list[str], cwd: Path, log: Path, extra_env: dict | None = None,
     env["PYTHONPATH"] = str(REPO)
     env.update(extra_env or {})
     command = argv0 or [sys.executable, str(REPO / "main.py")]
+    args = [*args, f"--trainer.default_root_dir={cwd}"]  # also the marker that finds this run's processes
     return subprocess.Popen([*command, *args], cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -173,3 +174,71 @@ def kill_group(proc: subprocess.Popen, marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["report", "abort"])
+def test_a_stopped_rank_is_reported_with_its_phase(action, mini_dataset, tmp_path):
+    """Rank 1 is SIGSTOPped inside training; with stall_after=20s the report names it (and abort ends the job)."""
+    beats = tmp_path / "beats"
+    log = tmp_path / "log.txt"
+    proc = launch(fit_args(mini_dataset, 2, "--watchdog.stall_after=0:00:20", f"--watchdog.action={action}", "--progressive.epochs_per_repo=20"),
+                  tmp_path, log, {"LEANAGENT_HEARTBEAT_DIR": str(beats)})
+    try:
+        target = wait_for(rank_in_phase(beats, 1, "train step"), 120, "rank 1 in a train step")
+        os.kill(target["pid"], signal.SIGSTOP)
+        stopped = time.time()
+        wait_for(lambda: "stalled: rank 1" in log.read_text(), 20 + 30, "the stall report")
+        reported = time.time() - stopped
+        text = log.read_text()
+        first = next(line for line in text.splitlines() if line.startswith("stalled:"))
+        assert re.match(r"stalled: rank 1 \(phase train step[^,]*, step \d+ of epoch \d+\) has made no progress for 0:00:2\d", first), first
+        assert "the process is stopped (SIGSTOP/SIGTSTP) and cannot dump its stack" in text
+        assert "--- Python stack of rank 0 ---" in text and "File " in text  # rank 0's own stack (the watchdog thread, main thread)
+        report = next((tmp_path / "lightning_logs" / "retrieval").glob("version_*/stall-report.txt"))
+        assert report.read_text().startswith("stalled: rank 1 (phase train step")
+        if action == "abort":
+            code = proc.wait(timeout=60)
+            assert code == watchdog.EXIT_STALLED
+            assert time.time() - stopped < 20 + 60
+            assert re.search(r"^error: watchdog: rank 1 made no progress for 0:00:2\d \(phase train step", log.read_text(), re.M)
+            wait_for(lambda: not processes_with(str(tmp_path)), 10, "no rank left behind")
+        else:
+            time.sleep(3)
+            assert proc.poll() is None  # report only: the job keeps waiting
+        print(f"{action}: report {reported:.1f}s after SIGSTOP")
+    finally:
+        kill_group(proc, str(tmp_path))
+        if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
+            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / f"{action}.log").write_text(log.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices,victim", [(2, 1), (4, 2), (2, 0), (4, 0)])
+def test_a_killed_rank_ends_the_job_with_one_line_that_names_it(devices, victim, mini_dataset, tmp_path):
+    beats = tmp_path / "beats"
+    log = tmp_path / "log.txt"
+    proc = launch(fit_args(mini_dataset, devices, "--progressive.epochs_per_repo=20"), tmp_path, log, {"LEANAGENT_HEARTBEAT_DIR": str(beats)})
+    marker = str(tmp_path)
+    try:
+        target = wait_for(rank_in_phase(beats, victim, "train step"), 150, f"rank {victim} in a train step")
+        before = len(log.read_text().splitlines())
+        os.kill(target["pid"], signal.SIGKILL)
+        killed = time.time()
+        code = proc.wait(timeout=60)
+        wait_for(lambda: not processes_with(marker), max(1.0, 60 - (time.time() - killed)), "every rank to exit (no orphan)")
+        ended = time.time() - killed
+        time.sleep(0.5)
+        after = log.read_text().splitlines()[before:]
+        assert code != 0
+        named = [line for line in after if line.startswith("error:")]
+        assert len(named) == 1, "\n".join(after)
+        assert re.match(rf"error: rank {victim} \(pid {target['pid']}\) was lost: .*its last known phase \S", named[0]), named[0]
+        assert not any("Traceback" in line for line in after), "\n".join(after)
+        for rank in set(range(devices)) - {victim}:
+            assert len([line for line in after if line.startswith(f"error (rank {rank}):")]) <= 1
+        print(f"{devices} ranks, rank {victim} killed: job over after {ended:.1f}s, exit {code}, {len(after)} lines after the kill")
+    finally:
+        kill_group(proc, marker)
+        if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
+            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / f"kill-{devices}-{victim}.log").write_text(log.read_text())
