@@ -122,7 +122,7 @@ def main(args: list[str] | None = None) -> None:
         if user_error is None:
             _exit_if_collective_failed(e)
             raise
-        rank = os.environ.get("LOCAL_RANK", "0")
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))  # RANK: global, set by torchrun
         prefix = "error" if rank == "0" else f"error (rank {rank})"
         print(f"{prefix}: {user_error}", file=sys.stderr)
         sys.exit(2)

@@ -415,6 +415,7 @@ def _make_observer_class():
         def __init__(self, main_pid: int, child_processes: list, sleep_period: int = 1) -> None:
             super().__init__(main_pid=main_pid, child_processes=child_processes, sleep_period=POLL_S)
             self.named = False
+            self.reason = "another rank ended early"
 
         def _run(self) -> bool:
             for proc in self._child_processes:
@@ -425,6 +426,7 @@ def _make_observer_class():
             failed = [(i + 1, p) for i, p in enumerate(self._child_processes) if p.returncode]
             if not failed:
                 return False
+            self.reason = f"rank {self._global_rank(failed[0][0])} ended early"
             if not _aborting.is_set():
                 _ending.set()
                 folder = _last_folder
@@ -458,7 +460,7 @@ def _make_observer_class():
                 if p.poll() is None:
                     p.kill()
             time.sleep(LOST_GRACE_S / 2)  # the main thread normally exits (EXIT_RANK_LOST) before this
-            _print("error: stopping rank 0 after a lost rank")
+            _print(f"error (rank 0): stopped because {self.reason}")
             os._exit(EXIT_RANK_LOST)
 
     return _RankObserver
@@ -539,7 +541,8 @@ class Watchdog(Callback):
             return
         _current, _last_folder, _last_rank = heartbeat, folder, heartbeat.rank
         _ending.clear()
-        os.environ.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(folder.resolve() / "flight-recorder-rank"))
+        if "TORCH_FR_DUMP_TEMP_FILE" not in os.environ and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in os.environ:
+            os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(folder.resolve() / "flight-recorder-rank")
         module = trainer.lightning_module
         if module is not None:
             self._hook = module.register_forward_pre_hook(lambda *_: progress())
@@ -609,9 +612,6 @@ class Watchdog(Callback):
     def teardown(self, trainer, pl_module, stage) -> None:
         self.stop("finished")
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
 
 def _keep_step() -> Any:
     heartbeat = _current
@@ -651,6 +651,8 @@ class _WatchThread(threading.Thread):
             return False
         _ending.set()
         time.sleep(2.0)  # the main thread usually fails in a collective meanwhile and prints its own line
+        if self._stop_event.is_set():
+            return True  # this rank finished normally meanwhile
         report_lost_ranks(self.folder, exclude=self.heartbeat.rank, wait_s=0)
         _print(f"error (rank {self.heartbeat.rank}): the process that launched this rank (pid {self._ppid}) is gone; exiting")
         os._exit(EXIT_RANK_LOST)

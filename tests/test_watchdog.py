@@ -242,3 +242,44 @@ def test_a_killed_rank_ends_the_job_with_one_line_that_names_it(devices, victim,
         kill_group(proc, marker)
         if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
             (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / f"kill-{devices}-{victim}.log").write_text(log.read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_on_localhost(mini_dataset, tmp_path):
+    """`torchrun --nnodes=2 --node_rank={0,1}` as the README's multi-node launch, both "nodes" on this machine."""
+    port = free_port()
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` console script runs this module
+    procs, logs = [], []
+    try:
+        for node in (0, 1):
+            logs.append(tmp_path / f"node{node}.txt")
+            launcher = [*torchrun, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}", "--rdzv_backend=c10d",
+                        f"--rdzv_endpoint=127.0.0.1:{port}", str(REPO / "main.py")]
+            args = fit_args(mini_dataset, 1, "--trainer.num_nodes=2", "--progressive.epochs_per_repo=1", "--data.batch_size=4")
+            procs.append(launch(args, tmp_path, logs[-1], argv0=launcher))
+        codes = [proc.wait(timeout=300) for proc in procs]
+        text = "\n".join(log.read_text() for log in logs)
+        assert codes == [0, 0], text[-4000:]
+        for rank in (0, 1):
+            assert f"rank {rank}/2: process group timeout 364 days, 0:00:00" in text
+            assert re.search(rf"rank {rank}/2: barrier 'before_data_loading' passed", text)
+            assert re.search(rf"rank {rank}/2: barrier 'after_fit' passed", text)
+        seen = re.search(r"watchdog: sees ranks \[0, 1\] of 2 in (\S+)", logs[0].read_text())
+        assert seen, text[-4000:]
+        folder = tmp_path / seen.group(1)
+        assert folder.name.startswith("torchrun-") and folder.parent == tmp_path / "lightning_logs" / "retrieval" / "heartbeats"
+        records = watchdog.read_heartbeats(folder)
+        assert sorted(records) == [0, 1] and {r["state"] for r in records.values()} == {"finished"}
+        assert [records[r]["node_rank"] for r in (0, 1)] == [0, 1]
+        checkpoints = tmp_path / "checkpoints" / "retrieval"
+        assert (checkpoints / "last.ckpt").is_file()
+        assert len(list(checkpoints.glob("epoch=*.ckpt"))) == 1
+    finally:
+        for proc in procs:
+            kill_group(proc, str(tmp_path))
