@@ -283,3 +283,26 @@ def test_two_torchrun_nodes_on_localhost(mini_dataset, tmp_path):
     finally:
         for proc in procs:
             kill_group(proc, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_rank_asleep_in_a_step_is_reported_with_every_ranks_stack(mini_dataset, tmp_path):
+    """Rank 1 sleeps inside a train step (rank 0 then waits in backward's all-reduce); the report names rank 1 first."""
+    beats = tmp_path / "beats"
+    log = tmp_path / "log.txt"
+    env = {"LEANAGENT_HEARTBEAT_DIR": str(beats), "LEANAGENT_TEST_SLEEP_RANK": "1"}
+    proc = launch(fit_args(mini_dataset, 2, "--watchdog.stall_after=0:00:20", "--trainer.callbacks+=tests.helpers.SleepInStep"), tmp_path, log, env)
+    try:
+        wait_for(lambda: "stalled: rank 1" in log.read_text(), 150, "the stall report")
+        text = log.read_text()
+        first = next(line for line in text.splitlines() if line.startswith("stalled:"))
+        assert re.match(r"stalled: rank 1 \(phase train step, step 2 of epoch 0\) has made no progress for 0:00:2\d", first), first
+        report = text[text.index(first):]
+        rank1_stack = report.split("--- Python stack of rank 1 ---")[1]
+        assert "in on_before_backward" in rank1_stack and "helpers.py" in rank1_stack  # dumped by rank 1 on SIGUSR2
+        assert "--- Python stack of rank 0 ---" in report
+        assert proc.poll() is None
+    finally:
+        kill_group(proc, str(tmp_path))
+        if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
+            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / "sleep.log").write_text(log.read_text())
