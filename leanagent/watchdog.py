@@ -14,8 +14,10 @@ wait for a year. This module makes such a job say which rank is stuck and where:
   progress for `stall_after`, the lowest rank whose own thread is still alive prints one report
   (first lines: `stalled: rank N (phase P, step S) has made no progress for H:MM:SS`), with the
   Python stack of every rank on its host (`faulthandler`, triggered by SIGUSR2), and writes it to
-  `stall-report.txt` in rank 0's log folder. With `action="abort"` it then kills the ranks on its
-  host and exits with `EXIT_STALLED`.
+  `stall-report.txt` in rank 0's log folder. Each rank also dumps PyTorch's flight recorder (its
+  last collectives, gloo or NCCL) next to its heartbeat, and the report says which collective each
+  rank entered last. With `action="abort"` the reporter then kills the ranks on its host and exits
+  with `EXIT_STALLED`.
 * **Lost ranks.** A rank killed from outside is named once (`error: rank N ... was lost ...`) by
   whichever process notices first: the launcher's child observer (`_RankObserver`, replacing
   Lightning's), a survivor whose collective failed (`leanagent.cli.main`), or a watchdog thread
@@ -490,7 +492,9 @@ def set_flight_recorder_env() -> dict[str, str]:
     number of recorded collectives (0, the default, disables the recorder), TORCH_NCCL_DUMP_ON_TIMEOUT
     to dump it when a collective times out (needs TORCH_NCCL_ENABLE_MONITORING, on by default),
     and TORCH_FR_DUMP_TEMP_FILE (or TORCH_NCCL_DEBUG_INFO_TEMP_FILE) as the dump files' prefix,
-    set by the Watchdog to the heartbeat folder. Gloo ignores them.
+    set by the Watchdog to the heartbeat folder. With the 364-day timeout NCCL's own dump-on-timeout
+    practically never fires; the recorder itself (which torch 2.13 also keeps for gloo) is what the
+    watchdog dumps on a stall (`dump_flight_recorder`).
     """
     changed = {}
     env = os.environ
@@ -674,14 +678,16 @@ class _WatchThread(threading.Thread):
         stalled = {r: rec for r, rec in records.items() if rec.get("state") == "running" and now - rec.get("time", now) > self.stall_after}
         if self._reported:
             if any(r in stalled and stalled[r].get("seq") == seq for r, seq in self._reported.items()):
-                return  # the same episode: reported already
+                return  # the same episode: handled already
             self._reported = {}
         if not stalled:
             return
+        # Every rank whose thread runs handles the episode once: its flight recorder, then (the lowest) the report.
+        self._reported = {r: rec.get("seq") for r, rec in stalled.items()}
+        dump_flight_recorder(self.folder, me)
         alive = [r for r, rec in records.items() if rec.get("state") == "running" and now - rec.get("alive", 0) < ALIVE_S]
         if not alive or alive[0] != me:
             return  # the lowest rank whose watchdog runs reports
-        self._reported = {r: rec.get("seq") for r, rec in stalled.items()}
         path = write_stall_report(self.folder, records, stalled, self.stall_after, me, self.action)
         if self.action == "abort":
             abort(records, stalled, path, me)
@@ -738,17 +744,68 @@ def _dump_stacks(folder: Path, records: dict[int, dict[str, Any]], me: int) -> d
     return stacks
 
 
-def stall_lines(records: dict[int, dict[str, Any]], stalled: dict[int, dict[str, Any]], now: float) -> list[str]:
-    """The grep-able first lines, most idle rank first: `stalled: rank N (phase P, step S) has made no progress for D`."""
-    order = sorted(stalled, key=lambda r: (stalled[r].get("time", now), r))
+def dump_flight_recorder(folder: Path, rank: int) -> Path | None:
+    """This rank's PyTorch flight recorder (its last collectives; gloo and NCCL), as JSON in the heartbeat folder.
+
+    Needs TORCH_FR_BUFFER_SIZE > 0 before the process group exists (`set_flight_recorder_env`).
+    """
+    try:
+        import torch.distributed as dist
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        path = folder / f"flight-recorder-rank{rank}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(_dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+        os.replace(tmp, path)
+        return path
+    except Exception as e:  # an older torch, or a recorder that is off
+        log.debug("flight recorder dump failed: %s", e)
+        return None
+
+
+def last_collective(path: Path) -> dict[str, Any] | None:
+    try:
+        entries = json.loads(path.read_text()).get("entries") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return max(entries, key=lambda e: e.get("collective_seq_id", 0)) if entries else None
+
+
+def flight_recorder_summary(path: Path) -> str | None:
+    """`last collective #57 gloo:all_reduce (scheduled, created 3.2 s ago; ...)` from `dump_flight_recorder`'s file."""
+    last = last_collective(path)
+    if last is None:
+        return None
+    created = last.get("time_created_ns") or 0
+    ago = f", created {time.time() - created / 1e9:.1f} s ago" if created else ""
+    return (f"last collective #{last.get('collective_seq_id')} {last.get('profiling_name')} "
+            f"({last.get('state')}{ago}; flight recorder in {path.name})")
+
+
+def stall_lines(records, stalled, now: float, collectives: dict[int, int] | None = None) -> list[str]:
+    """The grep-able first lines: `stalled: rank N (phase P, step S) has made no progress for D`.
+
+    The likely cause first: the rank that entered the fewest collectives (when every stalled rank's
+    flight recorder says), else the rank idle the longest.
+    """
+    collectives = collectives or {}
+    by_collective = all(r in collectives for r in stalled)
+    order = sorted(stalled, key=lambda r: (collectives[r] if by_collective else 0, stalled[r].get("time", now), r))
     return [
         f"stalled: rank {r} ({describe(stalled[r])}) has made no progress for {_duration(now - stalled[r].get('time', now))}"
         for r in order
     ]
 
 
-def format_stall_report(records, stalled, stall_after: float, me: int, stacks: dict[int, str], now: float) -> str:
-    lines = stall_lines(records, stalled, now)
+def format_stall_report(records, stalled, stall_after: float, me: int, stacks: dict[int, str], now: float, folder: Path | None = None) -> str:
+    collectives = {}
+    for rank in records:
+        last = last_collective(folder / f"flight-recorder-rank{rank}.json") if folder is not None else None
+        if last is not None and last.get("collective_seq_id") is not None:
+            collectives[rank] = int(last["collective_seq_id"])
+    lines = stall_lines(records, stalled, now, collectives)
     world = next(iter(records.values())).get("world_size", len(records)) if records else 0
     lines.append(
         f"watchdog: {len(stalled)} of {world} rank(s) made no progress for more than {_duration(stall_after)} "
@@ -765,8 +822,12 @@ def format_stall_report(records, stalled, stall_after: float, me: int, stacks: d
             f"in this phase for {now - record.get('phase_since', now):.1f} s, pid {record.get('pid')} on {record.get('host')}"
             f", {record.get('state')}" + (f", process {state}" if state else "")
         )
-    lines.append("  (a rank waiting in a collective for a stalled rank makes no progress either: the rank idle the longest, "
-                 "listed first, is the likely cause)")
+    lines.append("  (a rank waiting in a collective for a stalled rank makes no progress either; the rank listed first, "
+                 "behind in collectives or else idle the longest, is the likely cause)")
+    for rank in range(world):
+        summary = flight_recorder_summary(folder / f"flight-recorder-rank{rank}.json") if folder is not None else None
+        if summary:
+            lines.append(f"  rank {rank}: {summary}")
     for rank in sorted(stacks):
         lines.append(f"--- Python stack of rank {rank} ---")
         lines.append(stacks[rank])
@@ -776,7 +837,7 @@ def format_stall_report(records, stalled, stall_after: float, me: int, stacks: d
 def write_stall_report(folder: Path, records, stalled, stall_after: float, me: int, action: str) -> Path:
     stacks = _dump_stacks(folder, records, me)
     now = time.time()
-    text = format_stall_report(records, stalled, stall_after, me, stacks, now)
+    text = format_stall_report(records, stalled, stall_after, me, stacks, now, folder)
     log_dir = records.get(0, {}).get("log_dir")
     target = Path(log_dir) if log_dir and Path(log_dir).is_dir() else folder
     path = target / "stall-report.txt"

@@ -36,6 +36,8 @@ def test_stall_lines_name_the_most_idle_rank_first_in_the_grep_able_form():
         "stalled: rank 1 (phase train step, step 3 of epoch 0) has made no progress for 0:00:25",
         "stalled: rank 0 (phase train step (backward), step 3 of epoch 0) has made no progress for 0:00:21",
     ]
+    # With flight recorders, the rank behind in collectives comes first even if another one is idle longer.
+    assert watchdog.stall_lines(records, records, now, {0: 37, 1: 38})[0].startswith("stalled: rank 0")
     text = watchdog.format_stall_report(records, {1: records[1]}, 20.0, 0, {0: "Thread 0x1 ...", 1: "not available: stopped"}, now)
     assert text.splitlines()[0].startswith("stalled: rank 1 (phase train step")
     assert "rank 2: no heartbeat here" in text and "--- Python stack of rank 1 ---" in text
