@@ -34,6 +34,7 @@ import faulthandler
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -216,6 +217,12 @@ class _Heartbeat:
         except OSError as e:  # a full or vanished disk must not stop training
             log.debug("heartbeat write failed: %s", e)
 
+    def mark(self, state: str) -> None:
+        """A final state before this process exits on purpose, so that no other rank calls it lost."""
+        with self._lock:
+            self.record["state"] = state
+            self._write(time.time())
+
     def close(self, state: str) -> None:
         with self._lock:
             self.record["state"] = state
@@ -365,10 +372,33 @@ def collective_error(error: BaseException | None) -> BaseException | None:
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
+    """`RuntimeError: Read error [127.0.0.1]:22916: Connection reset by peer` from gloo's longer message."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = next((line for line in lines if "by peer" in line or "error" in line.lower()), lines[0] if lines else "")
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", text).split(". This is typically")[0]
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(error).__name__}: {text}"
+
+
+def _parent_rank() -> int | None:
+    """The rank of this process's parent if it is a rank (Lightning's rank 0 for the ranks it spawned)."""
+    folder = _last_folder
+    if folder is None or not folder.is_dir():
+        return None
+    records = read_heartbeats(folder)
+    mine = records.get(_last_rank) if _last_rank is not None else None
+    parent = mine.get("ppid") if mine else os.getppid()  # recorded at start: the launcher may be gone by now
+    return next((r for r, rec in records.items() if rec.get("pid") == parent), None)
+
+
+def _wait_for_claims(folder: Path | None, exclude: set, wait_s: float) -> None:
+    """Wait until every lost rank of this host (but `exclude`) was named by someone, or `wait_s` passed."""
+    deadline = time.time() + wait_s
+    while folder is not None and time.time() < deadline:
+        lost = [r for r, _, _ in lost_ranks(folder) if r not in exclude]
+        if lost and all((folder / f"lost-rank{r}.claim").exists() for r in lost):
+            return
+        time.sleep(0.1)
 
 
 def handle_collective_error(error: BaseException) -> int:
@@ -381,6 +411,9 @@ def handle_collective_error(error: BaseException) -> int:
         while not _observer.named and time.time() < deadline:
             time.sleep(0.1)
         named = _observer.named
+    elif os.environ.get("LOCAL_RANK", "0") != "0" and not _external_launcher():
+        # A rank spawned by Lightning: rank 0's observer knows how a child died (its exit signal); give it a moment.
+        _wait_for_claims(_last_folder, exclude={rank, _parent_rank()}, wait_s=2.5)
     named = report_lost_ranks(exclude=rank) or named
     if not named:
         _print("error: a collective failed because another rank stopped communicating (it died or its node "
@@ -657,6 +690,7 @@ class _WatchThread(threading.Thread):
         time.sleep(2.0)  # the main thread usually fails in a collective meanwhile and prints its own line
         if self._stop_event.is_set():
             return True  # this rank finished normally meanwhile
+        self.heartbeat.mark("exited: launcher gone")
         report_lost_ranks(self.folder, exclude=self.heartbeat.rank, wait_s=0)
         _print(f"error (rank {self.heartbeat.rank}): the process that launched this rank (pid {self._ppid}) is gone; exiting")
         os._exit(EXIT_RANK_LOST)
@@ -856,6 +890,8 @@ def abort(records, stalled, path: Path, me: int) -> None:
     """End the job: kill the other ranks on this host, exit with EXIT_STALLED."""
     _aborting.set()
     _ending.set()
+    if _current is not None:
+        _current.mark("exited: watchdog abort")
     now = time.time()
     first = min(stalled, key=lambda r: (stalled[r].get("time", now), r))
     record = stalled[first]

@@ -79,7 +79,9 @@ def test_collective_errors_are_recognised_through_the_chain():
     except ValueError as wrapped:
         assert watchdog.collective_error(wrapped) is gloo
     assert watchdog.collective_error(RuntimeError("shapes do not match")) is None
-    assert watchdog.one_line(gloo).startswith("RuntimeError: [../third_party/gloo")
+    assert watchdog.one_line(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
+    reset = RuntimeError("[/__w/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:9871: Connection reset by peer. This is typically caused by a remote worker hanging")
+    assert watchdog.one_line(reset) == "RuntimeError: Read error [127.0.0.1]:9871: Connection reset by peer"
 
 
 def test_watchdog_settings_are_validated():
