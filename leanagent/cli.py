@@ -32,6 +32,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
+from leanagent.watchdog import Watchdog
 
 log = logging.getLogger("leanagent")
 
@@ -63,6 +64,8 @@ class LeanAgentCLI(LightningCLI):
         parser.add_lightning_class_args(ProgressiveTraining, "progressive")
         # SIGTERM/SIGINT: stop at the next optimizer step with a resumable last.ckpt (see callbacks/preemption.py).
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
+        # `--watchdog.stall_after` and `--watchdog.action` at top level: hang reports (leanagent/watchdog.py).
+        parser.add_lightning_class_args(Watchdog, "watchdog")
 
     def parse_arguments(self, parser, args) -> None:
         self._raw_args = list(sys.argv[1:] if args is None else args)
@@ -264,6 +267,7 @@ LIFELONG_COMMANDS = ("lifelong", "ablation", "curriculum")
 def main(args: list[str] | None = None) -> None:
     _setup_logging()
     argv = sys.argv[1:] if args is None else args
+    _install_fault_handling()
     try:
         if argv and argv[0] in LIFELONG_COMMANDS:
             from leanagent.lifelong.cli import main as lifelong_main
@@ -281,8 +285,9 @@ def main(args: list[str] | None = None) -> None:
     except Exception as e:
         user_error = _user_error(e)
         if user_error is None:
+            _exit_if_collective_failed(e)
             raise
-        rank = os.environ.get("LOCAL_RANK", "0")
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))  # RANK: global, set by torchrun
         prefix = "error" if rank == "0" else f"error (rank {rank})"
         print(f"{prefix}: {user_error}", file=sys.stderr)
         sys.exit(getattr(user_error, "exit_code", 2))
@@ -315,6 +320,23 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
         value = f" (got {values[0].strip()})" if values else ""
         return f"{source}{'.'.join(keys)}: {reason}{value}"
     return source + " ".join(line.strip() for line in message.splitlines() if line.strip())[:400]
+
+
+def _install_fault_handling() -> None:
+    """Lost ranks are named (Lightning's child observer replaced); NCCL's flight recorder on where unset."""
+    from leanagent import watchdog
+
+    watchdog.install_fault_handling()
+    watchdog.set_flight_recorder_env()
+
+
+def _exit_if_collective_failed(error: BaseException) -> None:
+    """A rank whose collective failed because another rank died: one line, not a gloo traceback."""
+    from leanagent import watchdog
+
+    failed = watchdog.collective_error(error)
+    if failed is not None:
+        sys.exit(watchdog.handle_collective_error(failed))
 
 
 def _user_error(error: BaseException | None) -> LeanAgentError | None:

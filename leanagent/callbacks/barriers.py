@@ -9,6 +9,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 
 from leanagent.distributed import process_group_timeout
+from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")
 
@@ -16,6 +17,7 @@ log = logging.getLogger("leanagent")
 def timed_barrier(trainer: pl.Trainer, name: str) -> float:
     """Wait for every rank, log how long this one waited; a single process passes straight through."""
     start = time.perf_counter()
+    beat({"before_data_loading": "data loading barrier", "after_fit": "after-fit barrier"}.get(name, f"barrier {name}"), trainer=trainer)
     trainer.strategy.barrier(name)
     waited = time.perf_counter() - start
     log.info("rank %d/%d: barrier '%s' passed after %.3fs", trainer.global_rank, trainer.world_size, name, waited)

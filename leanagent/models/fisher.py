@@ -30,6 +30,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.checkpoints import load_checkpoint
 from leanagent.fisher_file import save_fisher
 from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss
+from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")
 
@@ -150,6 +151,7 @@ class FisherInformation(pl.LightningModule):
         return out
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        beat("Fisher", batch_idx)
         if self.mode == "empirical":
             squared = {k: (g.float() ** 2).sum(dim=0) for k, g in self.per_example_grads(batch).items()}
         else:

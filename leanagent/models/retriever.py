@@ -18,6 +18,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
 from leanagent.models.encoder import Encoder
+from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")
 
@@ -222,6 +223,7 @@ class PremiseRetriever(pl.LightningModule):
     @torch.no_grad()
     def embed_corpus(self) -> torch.Tensor:
         """Each rank embeds every W-th premise; one all_gather assembles the [num_premises, dim] matrix."""
+        beat("corpus embedding")  # each forward below counts as progress (leanagent/watchdog.py)
         datamodule = self.trainer.datamodule
         num_premises = len(datamodule.corpus)
         world, rank = self.trainer.world_size, self.trainer.global_rank

@@ -1,0 +1,312 @@
+"""Hangs and lost ranks (leanagent/watchdog.py): unit tests, and real 2- and 4-rank gloo runs (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from leanagent import watchdog
+from tests.conftest import REPO
+
+RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
+
+
+# Unit tests.
+def record(rank: int, phase: str, step, age: float, now: float, **extra) -> dict:
+    base = {"rank": rank, "world_size": 3, "host": socket.gethostname(), "pid": os.getpid(), "phase": phase,
+            "step": step, "calls": 0, "seq": 5, "time": now - age, "phase_since": now - age, "alive": now, "state": "running"}
+    return {**base, **extra}
+
+
+def test_stall_lines_name_the_most_idle_rank_first_in_the_grep_able_form():
+    now = time.time()
+    records = {0: record(0, "train step (backward)", "3 of epoch 0", 21, now), 1: record(1, "train step", "3 of epoch 0", 25, now)}
+    lines = watchdog.stall_lines(records, records, now)
+    assert lines == [
+        "stalled: rank 1 (phase train step, step 3 of epoch 0) has made no progress for 0:00:25",
+        "stalled: rank 0 (phase train step (backward), step 3 of epoch 0) has made no progress for 0:00:21",
+    ]
+    # With flight recorders, the rank behind in collectives comes first even if another one is idle longer.
+    assert watchdog.stall_lines(records, records, now, {0: 37, 1: 38})[0].startswith("stalled: rank 0")
+    text = watchdog.format_stall_report(records, {1: records[1]}, 20.0, 0, {0: "Thread 0x1 ...", 1: "not available: stopped"}, now)
+    assert text.splitlines()[0].startswith("stalled: rank 1 (phase train step")
+    assert "rank 2: no heartbeat here" in text and "--- Python stack of rank 1 ---" in text
+
+
+def test_heartbeat_files_are_written_atomically_and_read_back(tmp_path):
+    watchdog._write_json(tmp_path / "rank0.json", {"rank": 0, "phase": "x"})
+    (tmp_path / "rank1.json").write_text("{not json")  # half-written by someone else: skipped
+    assert list(watchdog.read_heartbeats(tmp_path)) == [0]
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_process_state_and_lost_ranks(tmp_path):
+    now = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    watchdog._write_json(tmp_path / "rank0.json", record(0, "train step", 1, 0, now))
+    watchdog._write_json(tmp_path / "rank1.json", record(1, "validation", 2, 0, now, pid=child.pid))
+    watchdog._write_json(tmp_path / "rank2.json", record(2, "x", 2, 0, now, host="elsewhere"))
+    assert watchdog.process_state(record(0, "x", 1, 0, now)) == "running"
+    assert [r for r, _, _ in watchdog.lost_ranks(tmp_path)] == [1]
+    line = watchdog.lost_rank_line(1, watchdog.read_heartbeats(tmp_path)[1], "killed by SIGKILL")
+    assert line.startswith("error: rank 1 (pid ") and "phase validation, step 2" in line
+
+
+def test_the_lost_rank_is_named_once_per_folder(tmp_path, capsys):
+    assert watchdog.report_lost(tmp_path, 3, None, "killed by SIGKILL")
+    assert not watchdog.report_lost(tmp_path, 3, None, "killed by SIGKILL")
+    assert capsys.readouterr().err.count("error: rank 3") == 1
+
+
+def test_collective_errors_are_recognised_through_the_chain():
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
+    try:
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ValueError("wrapped") from e
+    except ValueError as wrapped:
+        assert watchdog.collective_error(wrapped) is gloo
+    assert watchdog.collective_error(RuntimeError("shapes do not match")) is None
+    assert watchdog.one_line(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
+    reset = RuntimeError("[/__w/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:9871: Connection reset by peer. This is typically caused by a remote worker hanging")
+    assert watchdog.one_line(reset) == "RuntimeError: Read error [127.0.0.1]:9871: Connection reset by peer"
+
+
+def test_watchdog_settings_are_validated():
+    from leanagent.errors import LeanAgentError
+
+    assert watchdog.Watchdog(stall_after=timedelta(seconds=20), action="abort").stall_after == timedelta(seconds=20)
+    with pytest.raises(LeanAgentError, match="stall_after"):
+        watchdog.Watchdog(stall_after=timedelta(0))
+    with pytest.raises(LeanAgentError, match="action"):
+        watchdog.Watchdog(action="explode")
+
+
+def test_cli_has_top_level_watchdog_flags_and_a_loadable_config(tmp_path):
+    from tests.conftest import run_cli
+
+    result = run_cli(["fit", "--config", RETRIEVAL, "--watchdog.stall_after=0:00:20", "--watchdog.action=abort", "--print_config"], cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"watchdog:\n  stall_after: 0:00:20\n  action: abort", result.stdout)
+    config = tmp_path / "config.yaml"
+    config.write_text(result.stdout)
+    again = run_cli(["fit", "--config", str(config), "--print_config"], cwd=tmp_path)
+    assert again.returncode == 0 and "stall_after: 0:00:20" in again.stdout
+
+
+def test_flight_recorder_env_is_set_only_where_unset(monkeypatch):
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    changed = watchdog.set_flight_recorder_env()
+    assert changed == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert "TORCH_FR_BUFFER_SIZE" not in os.environ
+
+
+# Real processes.
+def launch(args: list[str], cwd: Path, log: Path, extra_env: dict | None = None, argv0: list[str] | None = None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_", "LEANAGENT_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = str(REPO)
+    env.update(extra_env or {})
+    command = argv0 or [sys.executable, str(REPO / "main.py")]
+    args = [*args, f"--trainer.default_root_dir={cwd}"]  # also the marker that finds this run's processes
+    return subprocess.Popen([*command, *args], cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def fit_args(dataset: Path, devices: int, *extra: str) -> list[str]:
+    return [
+        "fit", "--config", RETRIEVAL, "--trainer.accelerator=cpu", f"--trainer.devices={devices}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.precision=32-true",
+        f"--data.data_path={dataset / 'random'}", f"--data.corpus_path={dataset / 'corpus.jsonl'}",
+        "--data.max_seq_len=64", "--data.batch_size=2", "--trainer.accumulate_grad_batches=1", *extra,
+    ]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def rank_in_phase(folder: Path, rank: int, prefix: str):
+    def check():
+        record = watchdog.read_heartbeats(folder).get(rank) if folder.is_dir() else None
+        return record if record and str(record.get("phase", "")).startswith(prefix) else None
+
+    return check
+
+
+def processes_with(marker: str) -> list[int]:
+    """Pids whose command line contains `marker` (no psutil: /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+            except OSError:
+                continue
+            if marker in cmdline and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def kill_group(proc: subprocess.Popen, marker: str) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    proc.wait(timeout=30)
+    for pid in processes_with(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("action", ["report", "abort"])
+def test_a_stopped_rank_is_reported_with_its_phase(action, mini_dataset, tmp_path):
+    """Rank 1 is SIGSTOPped inside training; with stall_after=20s the report names it (and abort ends the job)."""
+    beats = tmp_path / "beats"
+    log = tmp_path / "log.txt"
+    proc = launch(fit_args(mini_dataset, 2, "--watchdog.stall_after=0:00:20", f"--watchdog.action={action}", "--progressive.epochs_per_repo=20"),
+                  tmp_path, log, {"LEANAGENT_HEARTBEAT_DIR": str(beats)})
+    try:
+        target = wait_for(rank_in_phase(beats, 1, "train step"), 120, "rank 1 in a train step")
+        os.kill(target["pid"], signal.SIGSTOP)
+        stopped = time.time()
+        wait_for(lambda: "stalled: rank 1" in log.read_text(), 20 + 30, "the stall report")
+        reported = time.time() - stopped
+        text = log.read_text()
+        first = next(line for line in text.splitlines() if line.startswith("stalled:"))
+        assert re.match(r"stalled: rank 1 \(phase train step[^,]*, step \d+ of epoch \d+\) has made no progress for 0:00:2\d", first), first
+        assert "the process is stopped (SIGSTOP/SIGTSTP) and cannot dump its stack" in text
+        assert "--- Python stack of rank 0 ---" in text and "File " in text  # rank 0's own stack (the watchdog thread, main thread)
+        report = next((tmp_path / "lightning_logs" / "retrieval").glob("version_*/stall-report.txt"))
+        assert report.read_text().startswith("stalled: rank 1 (phase train step")
+        if action == "abort":
+            code = proc.wait(timeout=60)
+            assert code == watchdog.EXIT_STALLED
+            assert time.time() - stopped < 20 + 60
+            assert re.search(r"^error: watchdog: rank 1 made no progress for 0:00:2\d \(phase train step", log.read_text(), re.M)
+            wait_for(lambda: not processes_with(str(tmp_path)), 10, "no rank left behind")
+        else:
+            time.sleep(3)
+            assert proc.poll() is None  # report only: the job keeps waiting
+        print(f"{action}: report {reported:.1f}s after SIGSTOP")
+    finally:
+        kill_group(proc, str(tmp_path))
+        if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
+            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / f"{action}.log").write_text(log.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices,victim", [(2, 1), (4, 2), (2, 0), (4, 0)])
+def test_a_killed_rank_ends_the_job_with_one_line_that_names_it(devices, victim, mini_dataset, tmp_path):
+    beats = tmp_path / "beats"
+    log = tmp_path / "log.txt"
+    proc = launch(fit_args(mini_dataset, devices, "--progressive.epochs_per_repo=20"), tmp_path, log, {"LEANAGENT_HEARTBEAT_DIR": str(beats)})
+    marker = str(tmp_path)
+    try:
+        target = wait_for(rank_in_phase(beats, victim, "train step"), 150, f"rank {victim} in a train step")
+        before = len(log.read_text().splitlines())
+        os.kill(target["pid"], signal.SIGKILL)
+        killed = time.time()
+        code = proc.wait(timeout=60)
+        wait_for(lambda: not processes_with(marker), max(1.0, 60 - (time.time() - killed)), "every rank to exit (no orphan)")
+        ended = time.time() - killed
+        time.sleep(0.5)
+        after = log.read_text().splitlines()[before:]
+        assert code != 0
+        named = [line for line in after if line.startswith("error:")]
+        assert len(named) == 1, "\n".join(after)
+        assert re.match(rf"error: rank {victim} \(pid {target['pid']}\) was lost: .*its last known phase \S", named[0]), named[0]
+        assert not any("Traceback" in line for line in after), "\n".join(after)
+        for rank in set(range(devices)) - {victim}:
+            assert len([line for line in after if line.startswith(f"error (rank {rank}):")]) <= 1
+        print(f"{devices} ranks, rank {victim} killed: job over after {ended:.1f}s, exit {code}, {len(after)} lines after the kill")
+    finally:
+        kill_group(proc, marker)
+        if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
+            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / f"kill-{devices}-{victim}.log").write_text(log.read_text())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_on_localhost(mini_dataset, tmp_path):
+    """`torchrun --nnodes=2 --node_rank={0,1}` as the README's multi-node launch, both "nodes" on this machine."""
+    port = free_port()
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` console script runs this module
+    procs, logs = [], []
+    try:
+        for node in (0, 1):
+            logs.append(tmp_path / f"node{node}.txt")
+            launcher = [*torchrun, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}", "--rdzv_backend=c10d",
+                        f"--rdzv_endpoint=127.0.0.1:{port}", str(REPO / "main.py")]
+            args = fit_args(mini_dataset, 1, "--trainer.num_nodes=2", "--progressive.epochs_per_repo=1", "--data.batch_size=4")
+            procs.append(launch(args, tmp_path, logs[-1], argv0=launcher))
+        codes = [proc.wait(timeout=300) for proc in procs]
+        text = "\n".join(log.read_text() for log in logs)
+        assert codes == [0, 0], text[-4000:]
+        for rank in (0, 1):
+            assert f"rank {rank}/2: process group timeout 364 days, 0:00:00" in text
+            assert re.search(rf"rank {rank}/2: barrier 'before_data_loading' passed", text)
+            assert re.search(rf"rank {rank}/2: barrier 'after_fit' passed", text)
+        seen = re.search(r"watchdog: sees ranks \[0, 1\] of 2 in (\S+)", logs[0].read_text())
+        assert seen, text[-4000:]
+        folder = tmp_path / seen.group(1)
+        assert folder.name.startswith("torchrun-") and folder.parent == tmp_path / "lightning_logs" / "retrieval" / "heartbeats"
+        records = watchdog.read_heartbeats(folder)
+        assert sorted(records) == [0, 1] and {r["state"] for r in records.values()} == {"finished"}
+        assert [records[r]["node_rank"] for r in (0, 1)] == [0, 1]
+        checkpoints = tmp_path / "checkpoints" / "retrieval"
+        assert (checkpoints / "last.ckpt").is_file()
+        assert len(list(checkpoints.glob("epoch=*.ckpt"))) == 1
+    finally:
+        for proc in procs:
+            kill_group(proc, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_a_rank_asleep_in_a_step_is_reported_with_every_ranks_stack(mini_dataset, tmp_path):
+    """Rank 1 sleeps inside a train step (rank 0 then waits in backward's all-reduce); the report names rank 1 first."""
+    beats = tmp_path / "beats"
+    log = tmp_path / "log.txt"
+    env = {"LEANAGENT_HEARTBEAT_DIR": str(beats), "LEANAGENT_TEST_SLEEP_RANK": "1"}
+    proc = launch(fit_args(mini_dataset, 2, "--watchdog.stall_after=0:00:20", "--trainer.callbacks+=tests.helpers.SleepInStep"), tmp_path, log, env)
+    try:
+        wait_for(lambda: "stalled: rank 1" in log.read_text(), 150, "the stall report")
+        text = log.read_text()
+        first = next(line for line in text.splitlines() if line.startswith("stalled:"))
+        assert re.match(r"stalled: rank 1 \(phase train step, step 2 of epoch 0\) has made no progress for 0:00:2\d", first), first
+        report = text[text.index(first):]
+        rank1_stack = report.split("--- Python stack of rank 1 ---")[1]
+        assert "in on_before_backward" in rank1_stack and "helpers.py" in rank1_stack  # dumped by rank 1 on SIGUSR2
+        assert "--- Python stack of rank 0 ---" in report
+        assert proc.poll() is None
+    finally:
+        kill_group(proc, str(tmp_path))
+        if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
+            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / "sleep.log").write_text(log.read_text())
