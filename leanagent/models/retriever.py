@@ -211,7 +211,7 @@ class PremiseRetriever(pl.LightningModule):
     def setup(self, stage: str) -> None:
         """Refuse a monitored Recall@k that `num_retrieved` cannot measure, before any training."""
         measured = {f"Recall@{k}" for k in recall_ks(self.num_retrieved)}
-        for callback in self.trainer.callbacks if self.trainer is not None else []:
+        for callback in self.trainer.callbacks if self.trainer is not None and stage == "fit" else []:
             monitor = getattr(callback, "monitor", None)
             if isinstance(monitor, str) and monitor.startswith("Recall@") and monitor.split("_")[0] not in measured:
                 raise LeanAgentError(
