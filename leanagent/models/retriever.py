@@ -161,11 +161,17 @@ class PremiseRetriever(pl.LightningModule):
             )
         if self.ewc is not None:
             penalty = self.ewc.to(self.device)(dict(self.encoder_parameters()))
-            self.log("loss_retrieval_train", loss, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
-            self.log("ewc_penalty_train", penalty, on_step=True, on_epoch=True, sync_dist=True, batch_size=size)
+            self._log_train("loss_retrieval_train", loss, size)
+            self._log_train("ewc_penalty_train", penalty, size)
             loss = loss + penalty
-        self.log("loss_train", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=size)
+        self._log_train("loss_train", loss, size, prog_bar=True)
         return loss
+
+    def _log_train(self, name: str, value: torch.Tensor, size: int, prog_bar: bool = False) -> None:
+        """Per step, rank 0's own value (no collective in the step); per epoch, the mean over all ranks,
+        synchronised once. Logged as `<name>_step` and `<name>_epoch`, as Lightning names them."""
+        self.log(f"{name}_step", value, on_step=True, on_epoch=False, prog_bar=prog_bar, batch_size=size)
+        self.log(f"{name}_epoch", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)
 
     def on_train_epoch_start(self) -> None:
         # New negatives each epoch come from the training sampler's set_epoch (see EpochShuffledSampler).
