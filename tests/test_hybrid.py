@@ -139,3 +139,14 @@ def test_cli_validate_logs_dense_bm25_and_hybrid_and_the_command_line_mode_wins(
     assert found["hybrid"]["Recall@10_val"] == found["hybrid"]["Recall@10_val/hybrid"]
     assert found["bm25"]["Recall@10_val"] == found["bm25"]["Recall@10_val/bm25"]
     assert found["hybrid"]["Recall@10_val/hybrid"] >= found["hybrid"]["Recall@10_val/bm25"]
+
+
+def test_lifelong_evaluation_reports_the_default_mode_and_all_three(retriever_checkpoint, mini_dataset):
+    from leanagent.lifelong.evaluation import evaluate_checkpoint
+
+    datasets = {"mini": (mini_dataset / "random", mini_dataset / "corpus.jsonl")}
+    results = evaluate_checkpoint(retriever_checkpoint, datasets, "test", num_retrieved=20)["mini"]
+    for metric in ("Recall@1", "Recall@10", "MRR"):
+        assert results[metric] == results[f"{metric}/hybrid"]
+        assert {f"{metric}/dense", f"{metric}/bm25"} <= set(results)
+    assert results["Recall@10/bm25"] != results["Recall@10/dense"]  # really two rankings

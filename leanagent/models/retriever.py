@@ -278,6 +278,7 @@ class PremiseRetriever(pl.LightningModule):
         count = int(with_positives.sum())
         means = per_example[with_positives, :, :-1].mean(dim=0) if count else torch.zeros(columns, len(METRIC_NAMES))
         by_weight = {w: means[c] for c, w in enumerate(self._eval_weights)}
+        self.eval_by_weight = {w: [float(v) for v in values] for w, values in by_weight.items()}  # for benchmarks
         if suffix == "val" and not self.trainer.sanity_checking:
             self.hybrid_weight = self.choose_hybrid_weight(by_weight)
         by_mode = {mode: by_weight[self._mode_weight(mode)] for mode in RETRIEVAL_MODES}
