@@ -73,7 +73,7 @@ def _datamodule(dataset: Path) -> RetrievalDataModule:
     return RetrievalDataModule(data_path=str(dataset / "random"), corpus_path=str(dataset / "corpus.jsonl"), max_seq_len=64)
 
 
-def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint(mini_dataset, tmp_path):
+def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint(mini_dataset, toy_dataset, tmp_path):
     pl.seed_everything(0)
     model = PremiseRetriever(max_seq_len=64, num_retrieved=20)
     assert model.hybrid_weight is None and model.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
@@ -93,7 +93,8 @@ def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint
     assert load_retriever(path).hybrid_weight == 0.7
     # An older checkpoint (no weight) loads and falls back to the documented default.
     checkpoint = torch.load(path, weights_only=True)
-    del checkpoint["hybrid_weight"]
+    assert checkpoint["hybrid_corpus"] == _datamodule(mini_dataset).corpus_fingerprint
+    del checkpoint["hybrid_weight"], checkpoint["hybrid_corpus"]
     torch.save(checkpoint, tmp_path / "old.ckpt")
     old = load_retriever(tmp_path / "old.ckpt")
     assert old.hybrid_weight is None and old.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
@@ -104,6 +105,11 @@ def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint
     tested = trainer.test(restored, datamodule=_datamodule(mini_dataset), verbose=False)[0]
     assert tested["hybrid_weight_test"] == pytest.approx(0.7)
     assert restored.hybrid_weight == 0.7  # test never re-chooses the weight
+    # On another corpus the weight does not apply: hybrid falls back to BM25 there.
+    elsewhere = trainer.test(restored, datamodule=_datamodule(toy_dataset), verbose=False)[0]
+    assert elsewhere["hybrid_weight_test"] == DEFAULT_HYBRID_WEIGHT == 0.0
+    assert elsewhere["Recall@10_test/hybrid"] == elsewhere["Recall@10_test/bm25"]
+    assert elsewhere["MRR_test/hybrid"] == elsewhere["MRR_test/bm25"]
 
 
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])

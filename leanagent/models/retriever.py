@@ -112,7 +112,8 @@ class PremiseRetriever(pl.LightningModule):
         if retrieval not in RETRIEVAL_MODES:
             raise LeanAgentError(f"model.retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
         self.retrieval = retrieval
-        self.hybrid_weight: float | None = None  # chosen on validation; None: DEFAULT_HYBRID_WEIGHT
+        self.hybrid_weight: float | None = None  # chosen on validation, for the corpus `hybrid_corpus`
+        self.hybrid_corpus: str | None = None  # that corpus's fingerprint
         self._bm25: tuple[str, BM25Index] | None = None
         self._split = "val"
         self.model_name = model_name
@@ -209,7 +210,17 @@ class PremiseRetriever(pl.LightningModule):
     # Retrieval: dense, BM25 or hybrid scores over accessible premises, one masked top-k per batch.
     @property
     def current_hybrid_weight(self) -> float:
-        return DEFAULT_HYBRID_WEIGHT if self.hybrid_weight is None else self.hybrid_weight
+        """The weight chosen on validation if it was chosen for this corpus, else DEFAULT_HYBRID_WEIGHT (BM25).
+
+        A weight fitted on one dataset says nothing about how far to trust the encoder on another
+        (measured: 0.5 on Batteries, 0.0 on Mathlib slices), so on another corpus hybrid is BM25
+        until `validate` or `fit` chooses a weight there.
+        """
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        corpus = datamodule.corpus_fingerprint if datamodule is not None else None
+        if self.hybrid_weight is None or (self.hybrid_corpus is not None and corpus is not None and corpus != self.hybrid_corpus):
+            return DEFAULT_HYBRID_WEIGHT
+        return self.hybrid_weight
 
     def bm25_index(self) -> BM25Index:
         """Built once per process and corpus content (a few seconds at 40k premises), kept in memory."""
@@ -281,6 +292,7 @@ class PremiseRetriever(pl.LightningModule):
         self.eval_by_weight = {w: [float(v) for v in values] for w, values in by_weight.items()}  # for benchmarks
         if suffix == "val" and not self.trainer.sanity_checking:
             self.hybrid_weight = self.choose_hybrid_weight(by_weight)
+            self.hybrid_corpus = self.trainer.datamodule.corpus_fingerprint
         by_mode = {mode: by_weight[self._mode_weight(mode)] for mode in RETRIEVAL_MODES}
         results = {f"{name}_{suffix}": float(v) for name, v in zip(METRIC_NAMES, by_mode[self.retrieval])}
         for mode, values in by_mode.items():
@@ -338,8 +350,11 @@ class PremiseRetriever(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         if self.hybrid_weight is not None:
             checkpoint["hybrid_weight"] = float(self.hybrid_weight)
+            checkpoint["hybrid_corpus"] = self.hybrid_corpus
 
     def _load_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
         weight = checkpoint.get("hybrid_weight")
         self.hybrid_weight = float(weight) if isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0 else None
+        corpus = checkpoint.get("hybrid_corpus")
+        self.hybrid_corpus = corpus if isinstance(corpus, str) else None
 

@@ -4,7 +4,8 @@
 
 with min and max taken over each query's accessible premises. w = 0 is exactly the BM25 ranking
 and w = 1 exactly the dense one (the raw scores are returned, so not even ties move). The weight
-is chosen on the validation split from `HYBRID_GRID` and stored in the checkpoint.
+is chosen on the validation split from `HYBRID_GRID` and stored in the checkpoint with the
+fingerprint of the corpus it was chosen on; elsewhere hybrid uses `DEFAULT_HYBRID_WEIGHT` (BM25).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import torch
 RETRIEVAL_MODES = ("dense", "bm25", "hybrid")
 # Candidate weights of the dense side, evaluated together at the end of each validation epoch.
 HYBRID_GRID = tuple(round(0.1 * i, 1) for i in range(11))
-# The weight used by a model that has never been validated (a checkpoint without a stored weight).
-DEFAULT_HYBRID_WEIGHT = 0.3
+# The weight used where none was chosen for the corpus at hand: a model never validated, a checkpoint
+# without a stored weight, or a corpus other than the one the weight was chosen on. 0 is pure BM25,
+# so hybrid is never worse than BM25 where the encoder's worth is unknown.
+DEFAULT_HYBRID_WEIGHT = 0.0
 # Column weights that reproduce the single modes.
 MODE_WEIGHTS = {"dense": 1.0, "bm25": 0.0}
 
