@@ -94,7 +94,10 @@ def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint
     # An older checkpoint (no weight) loads and falls back to the documented default.
     checkpoint = torch.load(path, weights_only=True)
     assert checkpoint["hybrid_corpus"] == _datamodule(mini_dataset).corpus_fingerprint
-    del checkpoint["hybrid_weight"], checkpoint["hybrid_corpus"]
+    del checkpoint["hybrid_corpus"]  # a weight without the corpus it was chosen on does not count
+    torch.save(checkpoint, tmp_path / "no_corpus.ckpt")
+    assert load_retriever(tmp_path / "no_corpus.ckpt").hybrid_weight is None
+    del checkpoint["hybrid_weight"]
     torch.save(checkpoint, tmp_path / "old.ckpt")
     old = load_retriever(tmp_path / "old.ckpt")
     assert old.hybrid_weight is None and old.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT

@@ -218,7 +218,7 @@ class PremiseRetriever(pl.LightningModule):
         """
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
         corpus = datamodule.corpus_fingerprint if datamodule is not None else None
-        if self.hybrid_weight is None or (self.hybrid_corpus is not None and corpus is not None and corpus != self.hybrid_corpus):
+        if self.hybrid_weight is None or corpus is None or corpus != self.hybrid_corpus:
             return DEFAULT_HYBRID_WEIGHT
         return self.hybrid_weight
 
@@ -353,8 +353,9 @@ class PremiseRetriever(pl.LightningModule):
             checkpoint["hybrid_corpus"] = self.hybrid_corpus
 
     def _load_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
-        weight = checkpoint.get("hybrid_weight")
-        self.hybrid_weight = float(weight) if isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0 else None
-        corpus = checkpoint.get("hybrid_corpus")
-        self.hybrid_corpus = corpus if isinstance(corpus, str) else None
+        """A weight counts only with the fingerprint of the corpus it was chosen on."""
+        weight, corpus = checkpoint.get("hybrid_weight"), checkpoint.get("hybrid_corpus")
+        valid = isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0 and isinstance(corpus, str)
+        self.hybrid_weight = float(weight) if valid else None
+        self.hybrid_corpus = corpus if valid else None
 
