@@ -9,6 +9,7 @@ import pytorch_lightning as pl
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.metrics import metric_names
 from leanagent.models.fisher import load_retriever
+from leanagent.retrieval.fusion import RETRIEVAL_MODES
 
 
 def evaluate_checkpoint(
@@ -19,7 +20,10 @@ def evaluate_checkpoint(
     eval_batch_size: int = 64,
     num_retrieved: int = 100,
 ) -> dict[str, dict[str, float]]:
-    """{name: {Recall@1, Recall@10, MRR}} on `split` ("val" or "test") of each (data_path, corpus_path)."""
+    """{name: {Recall@1, Recall@10, MRR, Recall@1/dense, ..., MRR/hybrid}} on `split` ("val" or "test") of each dataset.
+
+    The plain names are the checkpoint's default ranking (hybrid); `metric/mode` are each mode's.
+    """
     model = load_retriever(checkpoint)
     model.num_retrieved = num_retrieved
     trainer = pl.Trainer(
@@ -34,5 +38,10 @@ def evaluate_checkpoint(
         )
         run = trainer.test if split == "test" else trainer.validate
         logged = run(model, datamodule=datamodule, verbose=False)[0]
-        results[name] = {metric: float(logged[f"{metric}_{split}"]) for metric in metric_names(num_retrieved)}
+        # The plain names are the default mode's (model.retrieval, hybrid); dense and bm25 sit beside them.
+        names = metric_names(num_retrieved)
+        results[name] = {metric: float(logged[f"{metric}_{split}"]) for metric in names}
+        results[name].update({
+            f"{metric}/{mode}": float(logged[f"{metric}_{split}/{mode}"]) for mode in RETRIEVAL_MODES for metric in names
+        })
     return results

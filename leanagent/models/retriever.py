@@ -18,6 +18,8 @@ from leanagent.errors import LeanAgentError
 from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
 from leanagent.models.encoder import Encoder
+from leanagent.retrieval.bm25 import BM25Index, masked_topk
+from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, MODE_WEIGHTS, RETRIEVAL_MODES, Fuser
 from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")
@@ -87,6 +89,7 @@ class PremiseRetriever(pl.LightningModule):
         fisher_path: str | None = None,
         ewc_lambda: float = 0.0,
         ewc_form: str = "paper",
+        retrieval: str = "hybrid",
     ) -> None:
         """
         Args:
@@ -103,11 +106,16 @@ class PremiseRetriever(pl.LightningModule):
                 the weights that Fisher was computed on (see leanagent/ewc.py).
             ewc_lambda: EWC strength (0 disables it).
             ewc_form: `paper` (lambda/2 * sum F (theta - theta*)^2) or `leanagent` (no 1/2).
+            retrieval: the ranking that validate/test report under the plain metric names
+                (`Recall@10_val`, ...) and that predict writes: `dense` (the encoder), `bm25`
+                (leanagent/retrieval/bm25.py) or `hybrid` (their normalised scores, weighted by the
+                weight chosen on the validation split; leanagent/retrieval/fusion.py). Evaluation
+                logs all three beside it as `Recall@10_val/dense`, `/bm25`, `/hybrid`.
         """
         super().__init__()
         # LightningCLI lets a checkpoint's hyperparameters override the command line, so settings that
         # belong to a run rather than to the weights (evaluation size, EWC of this stage) are not saved.
-        self.save_hyperparameters(ignore=["num_retrieved", "fisher_path", "ewc_lambda", "ewc_form"])
+        self.save_hyperparameters(ignore=["num_retrieved", "fisher_path", "ewc_lambda", "ewc_form", "retrieval"])
         if loss not in LOSSES:
             raise LeanAgentError(f"model.loss must be one of {LOSSES}, got {loss!r}")
         if num_retrieved < 1:
@@ -117,6 +125,13 @@ class PremiseRetriever(pl.LightningModule):
                 raise LeanAgentError(f"model.{name} must be {'positive' if name == 'lr' else 'non-negative'}, got {value}")
         if length_bucket < 1:
             raise LeanAgentError(f"model.length_bucket must be at least 1, got {length_bucket}")
+        if retrieval not in RETRIEVAL_MODES:
+            raise LeanAgentError(f"model.retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
+        self.retrieval = retrieval
+        self.hybrid_weight: float | None = None  # chosen on validation, for the corpus `hybrid_corpus`
+        self.hybrid_corpus: str | None = None  # that corpus's fingerprint
+        self._bm25: tuple[str, BM25Index] | None = None
+        self._split = "val"
         self.model_name = model_name
         self.lr = lr
         self.warmup_steps = warmup_steps
@@ -268,49 +283,114 @@ class PremiseRetriever(pl.LightningModule):
             self.corpus_embeddings = self.embed_corpus()
             self._embedded_at = key
 
+    # Retrieval: dense, BM25 or hybrid scores over accessible premises, one masked top-k per batch.
+    @property
+    def current_hybrid_weight(self) -> float:
+        """The weight chosen on validation if it was chosen for this corpus, else DEFAULT_HYBRID_WEIGHT (BM25).
+
+        A weight fitted on one dataset says nothing about how far to trust the encoder on another
+        (measured: 0.5 on Batteries, 0.0 on Mathlib slices), so on another corpus hybrid is BM25
+        until `validate` or `fit` chooses a weight there.
+        """
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        corpus = datamodule.corpus_fingerprint if datamodule is not None else None
+        if self.hybrid_weight is None or corpus is None or corpus != self.hybrid_corpus:
+            return DEFAULT_HYBRID_WEIGHT
+        return self.hybrid_weight
+
+    def bm25_index(self) -> BM25Index:
+        """Built once per process and corpus content (a few seconds at 40k premises), kept in memory."""
+        datamodule = self.trainer.datamodule
+        key = datamodule.corpus_fingerprint
+        if self._bm25 is None or self._bm25[0] != key:
+            self._bm25 = (key, BM25Index(datamodule.corpus))
+        return self._bm25[1]
+
     @torch.no_grad()
-    def retrieve(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top `num_retrieved` accessible premises per query: one masked top-k for the whole batch.
+    def _fuser(self, batch: dict[str, torch.Tensor], dense: bool = True, sparse: bool = True) -> Fuser:
+        """The batch's accessible mask and its dense and/or BM25 scores over all premises."""
+        datamodule = self.trainer.datamodule
+        accessible = datamodule.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
+        dense_scores = sparse_scores = None
+        if dense:
+            queries = self(batch["query_ids"], batch["query_mask"])
+            dense_scores = queries @ self.corpus_embeddings.T
+        if sparse:
+            texts = datamodule.states(self._split).states
+            sparse_scores = self.bm25_index().scores([texts[i] for i in batch["index"].tolist()]).to(accessible.device)
+        return Fuser(dense_scores, sparse_scores, accessible)
+
+    def _mode_weight(self, mode: str) -> float:
+        return MODE_WEIGHTS.get(mode, self.current_hybrid_weight)
+
+    @torch.no_grad()
+    def retrieve(self, batch: dict[str, torch.Tensor], mode: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top `num_retrieved` accessible premises per query by `mode` (default `retrieval`): one masked top-k.
 
         A query with fewer accessible premises than `num_retrieved` gets all of them; the rest are -1.
+        Hybrid scores are the fused normalised scores (in [0, 1]), not cosines or BM25 scores.
         """
-        corpus = self.trainer.datamodule.corpus
-        queries = self(batch["query_ids"], batch["query_mask"])
-        scores = queries @ self.corpus_embeddings.T
-        accessible = corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
-        scores = scores.masked_fill(~accessible, float("-inf"))
-        k = min(self.num_retrieved, scores.shape[1])
-        top_scores, top_ids = scores.topk(k, dim=1)
-        top_ids = torch.where(torch.isfinite(top_scores), top_ids, torch.full_like(top_ids, -1))
-        return top_ids, top_scores
+        mode = mode or self.retrieval
+        weight = self._mode_weight(mode)
+        fuser = self._fuser(batch, dense=weight > 0, sparse=weight < 1)
+        return masked_topk(fuser(weight), fuser.accessible, self.num_retrieved)
 
     # Evaluation: per-example metrics stored by example index, summed over ranks once per epoch.
+    # Columns are fusion weights: on val the whole HYBRID_GRID (1 = dense, 0 = BM25), on test
+    # dense, BM25 and the stored hybrid weight; every column of every example is all-reduced at once.
     def _start_eval(self, split: str) -> None:
         self._ensure_corpus_embeddings()
+        self._split = split
+        current = self.current_hybrid_weight
+        self._eval_weights = sorted({*HYBRID_GRID, current}) if split == "val" else [1.0, 0.0, current]
         size = len(self.trainer.datamodule.states(split))
-        self._eval_values = torch.zeros(size, len(metric_names(self.num_retrieved)) + 1, device=self.device)
+        names = metric_names(self.num_retrieved)
+        self._eval_values = torch.zeros(size, len(self._eval_weights), len(names) + 1, device=self.device)
         self._eval_seen = torch.zeros(size, device=self.device)
 
     def _eval_step(self, batch: dict[str, torch.Tensor]) -> None:
-        retrieved, _ = self.retrieve(batch)
-        self._eval_values[batch["index"]] = retrieval_metrics(retrieved, batch["positives"], recall_ks(self.num_retrieved))
+        fuser = self._fuser(batch)
+        ks = recall_ks(self.num_retrieved)
+        for column, weight in enumerate(self._eval_weights):
+            retrieved, _ = masked_topk(fuser(weight), fuser.accessible, self.num_retrieved)
+            self._eval_values[batch["index"], column] = retrieval_metrics(retrieved, batch["positives"], ks).to(self.device)
         self._eval_seen[batch["index"]] = 1.0
 
     def _end_eval(self, suffix: str) -> dict[str, float]:
-        summed = torch.cat([self._eval_values, self._eval_seen[:, None]], dim=1)
+        size, columns, width = self._eval_values.shape
+        summed = torch.cat([self._eval_values.reshape(size, -1), self._eval_seen[:, None]], dim=1)
         if dist.is_available() and dist.is_initialized() and self.trainer.world_size > 1:
             dist.all_reduce(summed)
         seen = summed[:, -1]
-        per_example = summed[:, :-1][seen > 0] / seen[seen > 0, None]  # a duplicate counts once
-        with_positives = per_example[:, -1] > 0
+        per_example = (summed[:, :-1][seen > 0] / seen[seen > 0, None]).reshape(-1, columns, width)  # a duplicate counts once
+        with_positives = per_example[:, 0, -1] > 0
         count = int(with_positives.sum())
         names = metric_names(self.num_retrieved)
-        means = per_example[with_positives, :-1].mean(dim=0) if count else torch.zeros(len(names))
-        results = {f"{name}_{suffix}": float(v) for name, v in zip(names, means)}
+        means = per_example[with_positives, :, :-1].mean(dim=0) if count else torch.zeros(columns, len(names))
+        by_weight = {w: means[c] for c, w in enumerate(self._eval_weights)}
+        self.eval_by_weight = {w: [float(v) for v in values] for w, values in by_weight.items()}  # for benchmarks
+        if suffix == "val" and not self.trainer.sanity_checking:
+            self.hybrid_weight = self.choose_hybrid_weight(by_weight)
+            self.hybrid_corpus = self.trainer.datamodule.corpus_fingerprint
+        by_mode = {mode: by_weight[self._mode_weight(mode)] for mode in RETRIEVAL_MODES}
+        results = {f"{name}_{suffix}": float(v) for name, v in zip(names, by_mode[self.retrieval])}
+        for mode, values in by_mode.items():
+            results.update({f"{name}_{suffix}/{mode}": float(v) for name, v in zip(names, values)})
+        results[f"hybrid_weight_{suffix}"] = self.current_hybrid_weight
         for name, value in results.items():
-            self.log(name, value, prog_bar=name.startswith("Recall@10"), sync_dist=True)
+            self.log(name, value, prog_bar=name == f"Recall@10_{suffix}", sync_dist=True)
         self.log(f"num_evaluated_{suffix}", float(count), sync_dist=True)
         return results
+
+    @staticmethod
+    def choose_hybrid_weight(by_weight: dict[float, torch.Tensor]) -> float:
+        """The grid weight with the best (Recall@10, MRR, Recall@1); the smallest (closest to BM25) on ties.
+
+        Columns are `metric_names(num_retrieved)`: Recall@1, [Recall@min(10, n)], MRR.
+        """
+        width = len(next(iter(by_weight.values())))
+        order = [max(0, width - 2), width - 1, 0]
+        return max(sorted(by_weight), key=lambda w: tuple(float(by_weight[w][i]) for i in order) + (-w,))
 
     def on_validation_epoch_start(self) -> None:
         self._start_eval("val")
@@ -331,7 +411,9 @@ class PremiseRetriever(pl.LightningModule):
         self._end_eval("test")
 
     def on_predict_epoch_start(self) -> None:
-        self._ensure_corpus_embeddings()
+        self._split = "predict"
+        if self.retrieval != "bm25":
+            self._ensure_corpus_embeddings()
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
         retrieved, scores = self.retrieve(batch)
@@ -376,4 +458,18 @@ class PremiseRetriever(pl.LightningModule):
                 f"checkpoint was trained with model_name '{saved}', but model.model_name is '{self.model_name}'"
             )
         check_state_dict(checkpoint.get("state_dict", {}), self.state_dict(), "checkpoint")
+        self._load_hybrid_weight(checkpoint)
+
+    # The hybrid weight chosen on validation travels in the checkpoint; older checkpoints have none.
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if self.hybrid_weight is not None:
+            checkpoint["hybrid_weight"] = float(self.hybrid_weight)
+            checkpoint["hybrid_corpus"] = self.hybrid_corpus
+
+    def _load_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
+        """A weight counts only with the fingerprint of the corpus it was chosen on."""
+        weight, corpus = checkpoint.get("hybrid_weight"), checkpoint.get("hybrid_corpus")
+        valid = isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0 and isinstance(corpus, str)
+        self.hybrid_weight = float(weight) if valid else None
+        self.hybrid_corpus = corpus if valid else None
 

@@ -1,0 +1,73 @@
+"""R@1 / R@10 / MRR of BM25, dense and hybrid ranking for one checkpoint on several datasets.
+
+    python -m benchmarks.retrieval_table CHECKPOINT [DATASET ...] [--split-dir random] [--precision 32-true]
+    # DATASET: a folder with corpus.jsonl and SPLIT_DIR/{val,test}.json; default data/batteries
+
+For each dataset, in one process on one device: `test` first, with the checkpoint's hybrid weight
+(chosen on the validation split it was trained with; on another corpus hybrid is BM25, weight 0),
+then `validate`, which chooses the weight again on that dataset's own validation split (as
+`validate` always does) and prints R@10/MRR at every candidate weight.
+Prints one row per dataset, split and mode, and the wall time of each evaluation (corpus
+embedding, BM25 index and all three rankings included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pytorch_lightning as pl
+
+from leanagent.data.datamodule import RetrievalDataModule
+from leanagent.models.fisher import load_retriever
+from leanagent.retrieval.fusion import RETRIEVAL_MODES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("datasets", nargs="*", type=Path, default=[REPO / "data" / "batteries"])
+    parser.add_argument("--split-dir", default="random")
+    parser.add_argument("--precision", default="32-true")
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    args = parser.parse_args()
+    rows, grids = [], []
+    for dataset in args.datasets:
+        model = load_retriever(args.checkpoint)  # fresh per dataset: the checkpoint's own hybrid weight
+        stored = model.hybrid_weight
+        trainer = pl.Trainer(accelerator="auto", devices=1, precision=args.precision, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        datamodule = RetrievalDataModule(
+            data_path=str(dataset / args.split_dir), corpus_path=str(dataset / "corpus.jsonl"),
+            eval_batch_size=args.eval_batch_size, max_seq_len=model.hparams.max_seq_len, model_name=model.model_name,
+        )
+        for split, run in (("test", trainer.test), ("val", trainer.validate)):
+            start = time.perf_counter()
+            logged = run(model, datamodule=datamodule, verbose=False)[0]
+            elapsed = time.perf_counter() - start
+            weight = logged[f"hybrid_weight_{split}"]
+            for mode in RETRIEVAL_MODES:
+                values = [logged[f"{m}_{split}/{mode}"] for m in ("Recall@1", "Recall@10", "MRR")]
+                rows.append((dataset.name, split, mode, *values, weight if mode == "hybrid" else None, elapsed))
+            print(f"{dataset.name} {split}: {elapsed:.0f} s (checkpoint weight {stored})", flush=True)
+        grid = "  ".join(f"{w:.1f}: {v[1]:.1f}/{v[2]:.3f}" for w, v in sorted(model.eval_by_weight.items()))
+        grids.append(f"{dataset.name} val, R@10/MRR by dense weight: {grid}")
+        _table(args, rows, grids)  # after each dataset, so a long run shows what it has
+
+
+def _table(args: argparse.Namespace, rows: list[tuple], grids: list[str]) -> None:
+    print("\n" + "\n".join(grids))
+    print(f"\ncheckpoint {args.checkpoint}, split folder {args.split_dir}; hybrid weight: test = the checkpoint's "
+          "(0 = BM25 on a corpus other than the one it was chosen on), val = chosen on this val split")
+    print(f"| {'dataset':<20} | split | mode   |   R@1 |  R@10 |   MRR | weight | wall s |")
+    print(f"|{'-' * 22}|-------|--------|-------|-------|-------|--------|--------|")
+    for name, split, mode, r1, r10, mrr, weight, elapsed in rows:
+        w = f"{weight:.1f}" if weight is not None else ""
+        print(f"| {name:<20} | {split:<5} | {mode:<6} | {r1:5.1f} | {r10:5.1f} | {mrr:.3f} | {w:>6} | {elapsed:6.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Hybrid ranking: a weighted sum of per-query min-max normalised dense and BM25 scores.
+
+    hybrid = w * norm(dense) + (1 - w) * norm(bm25),   norm(s) = (s - min) / (max - min)
+
+with min and max taken over each query's accessible premises. w = 0 is exactly the BM25 ranking
+and w = 1 exactly the dense one (the raw scores are returned, so not even ties move). The weight
+is chosen on the validation split from `HYBRID_GRID` and stored in the checkpoint with the
+fingerprint of the corpus it was chosen on; elsewhere hybrid uses `DEFAULT_HYBRID_WEIGHT` (BM25).
+"""
+
+from __future__ import annotations
+
+import torch
+
+RETRIEVAL_MODES = ("dense", "bm25", "hybrid")
+# Candidate weights of the dense side, evaluated together at the end of each validation epoch.
+HYBRID_GRID = tuple(round(0.1 * i, 1) for i in range(11))
+# The weight used where none was chosen for the corpus at hand: a model never validated, a checkpoint
+# without a stored weight, or a corpus other than the one the weight was chosen on. 0 is pure BM25,
+# so hybrid is never worse than BM25 where the encoder's worth is unknown.
+DEFAULT_HYBRID_WEIGHT = 0.0
+# Column weights that reproduce the single modes.
+MODE_WEIGHTS = {"dense": 1.0, "bm25": 0.0}
+
+
+def normalise(scores: torch.Tensor, accessible: torch.Tensor) -> torch.Tensor:
+    """Per-row min-max scaling to [0, 1] over accessible entries (0 when they are all equal); others -inf."""
+    scores = scores.float()
+    low = scores.masked_fill(~accessible, float("inf")).amin(dim=1, keepdim=True)
+    high = scores.masked_fill(~accessible, float("-inf")).amax(dim=1, keepdim=True)
+    span = (high - low).clamp(min=1e-12)
+    scaled = torch.where(torch.isfinite(span), (scores - low) / span, torch.zeros_like(scores))
+    return scaled.masked_fill(~accessible, float("-inf"))
+
+
+class Fuser:
+    """Normalises a batch's dense and BM25 scores once, then fuses them at any weight."""
+
+    def __init__(self, dense: torch.Tensor | None, sparse: torch.Tensor | None, accessible: torch.Tensor) -> None:
+        self.accessible = accessible
+        self.dense = dense.float().masked_fill(~accessible, float("-inf")) if dense is not None else None
+        self.sparse = sparse.float().masked_fill(~accessible, float("-inf")) if sparse is not None else None
+        self._normalised: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def __call__(self, weight: float) -> torch.Tensor:
+        """[B, N] scores, -inf where inaccessible."""
+        if weight == 1.0:
+            return self.dense
+        if weight == 0.0:
+            return self.sparse
+        if self._normalised is None:
+            self._normalised = (normalise(self.dense, self.accessible), normalise(self.sparse, self.accessible))
+        dense, sparse = self._normalised
+        return weight * dense + (1.0 - weight) * sparse
+
+
+def fuse(dense: torch.Tensor, sparse: torch.Tensor, accessible: torch.Tensor, weight: float) -> torch.Tensor:
+    return Fuser(dense, sparse, accessible)(weight)

@@ -1,0 +1,161 @@
+"""Hybrid retrieval: fusion at the extreme weights, the weight chosen on val and kept in checkpoints, all modes logged."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from leanagent.data.datamodule import RetrievalDataModule
+from leanagent.errors import LeanAgentError
+from leanagent.models.fisher import load_retriever
+from leanagent.models.retriever import PremiseRetriever
+from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, Fuser, normalise
+from tests.conftest import REPO, run_cli
+
+
+def _scores(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.rand(6, 40, generator=g) * 2 - 1
+    sparse = torch.rand(6, 40, generator=g) * 30
+    sparse[sparse < 15] = 0  # BM25: most premises share no term
+    accessible = torch.rand(6, 40, generator=g) > 0.3
+    return dense, sparse, accessible
+
+
+def _ranking(scores: torch.Tensor, accessible: torch.Tensor) -> torch.Tensor:
+    return scores.masked_fill(~accessible, float("-inf")).argsort(dim=1, descending=True, stable=True)
+
+
+def test_weight_zero_is_the_bm25_ranking_and_weight_one_the_dense_ranking():
+    dense, sparse, accessible = _scores()
+    fuser = Fuser(dense, sparse, accessible)
+    assert torch.equal(_ranking(fuser(0.0), accessible), _ranking(sparse, accessible))
+    assert torch.equal(_ranking(fuser(1.0), accessible), _ranking(dense, accessible))
+    middle = fuser(0.5)
+    assert not torch.equal(_ranking(middle, accessible), _ranking(sparse, accessible))
+    assert not torch.equal(_ranking(middle, accessible), _ranking(dense, accessible))
+    for scores in (fuser(0.0), fuser(0.5), fuser(1.0)):
+        assert torch.isneginf(scores[~accessible]).all() and torch.isfinite(scores[accessible]).all()
+
+
+def test_normalise_maps_accessible_scores_to_the_unit_interval():
+    dense, _, accessible = _scores(1)
+    scaled = normalise(dense, accessible)
+    assert torch.allclose(scaled.masked_fill(~accessible, 2).amin(dim=1), torch.zeros(6))
+    assert torch.allclose(scaled.masked_fill(~accessible, -1).amax(dim=1), torch.ones(6))
+    flat = normalise(torch.ones(2, 5), torch.ones(2, 5, dtype=torch.bool))
+    assert torch.equal(flat, torch.zeros(2, 5))  # all equal: no division by zero
+
+
+def test_choose_weight_takes_the_best_recall_at_10_and_the_smallest_weight_on_ties():
+    metrics = {w: torch.tensor([10.0, 50.0, 0.3]) for w in HYBRID_GRID}  # [R@1, R@10, MRR]
+    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.0
+    metrics[0.6] = torch.tensor([5.0, 60.0, 0.1])
+    metrics[0.7] = torch.tensor([5.0, 60.0, 0.2])
+    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.7
+
+
+def test_unknown_retrieval_mode_is_rejected():
+    with pytest.raises(LeanAgentError, match="model.retrieval must be one of"):
+        PremiseRetriever(retrieval="sparse")
+
+
+def _trainer() -> pl.Trainer:
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False)
+
+
+def _datamodule(dataset: Path) -> RetrievalDataModule:
+    return RetrievalDataModule(data_path=str(dataset / "random"), corpus_path=str(dataset / "corpus.jsonl"), max_seq_len=64)
+
+
+def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint(mini_dataset, toy_dataset, tmp_path):
+    pl.seed_everything(0)
+    model = PremiseRetriever(max_seq_len=64, num_retrieved=20)
+    assert model.hybrid_weight is None and model.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
+    trainer = _trainer()
+    logged = trainer.validate(model, datamodule=_datamodule(mini_dataset), verbose=False)[0]
+    for mode in ("dense", "bm25", "hybrid"):
+        assert {f"Recall@1_val/{mode}", f"Recall@10_val/{mode}", f"MRR_val/{mode}"} <= set(logged)
+    assert logged["Recall@10_val"] == logged["Recall@10_val/hybrid"]  # the default mode keeps the plain name
+    assert logged["Recall@10_val/hybrid"] >= logged["Recall@10_val/bm25"]  # weight 0 is in the grid
+    assert logged["Recall@10_val/hybrid"] >= logged["Recall@10_val/dense"]  # and so is weight 1
+    assert model.hybrid_weight in HYBRID_GRID and logged["hybrid_weight_val"] == pytest.approx(model.hybrid_weight)
+
+    model.hybrid_weight = 0.7  # a weight no fresh model has, so the round trip is observable
+    path = tmp_path / "with_weight.ckpt"
+    trainer.save_checkpoint(path)
+    assert torch.load(path, weights_only=True)["hybrid_weight"] == 0.7
+    assert load_retriever(path).hybrid_weight == 0.7
+    # An older checkpoint (no weight) loads and falls back to the documented default.
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["hybrid_corpus"] == _datamodule(mini_dataset).corpus_fingerprint
+    del checkpoint["hybrid_corpus"]  # a weight without the corpus it was chosen on does not count
+    torch.save(checkpoint, tmp_path / "no_corpus.ckpt")
+    assert load_retriever(tmp_path / "no_corpus.ckpt").hybrid_weight is None
+    del checkpoint["hybrid_weight"]
+    torch.save(checkpoint, tmp_path / "old.ckpt")
+    old = load_retriever(tmp_path / "old.ckpt")
+    assert old.hybrid_weight is None and old.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
+
+    # test uses the stored weight: its hybrid column is fused at 0.7, between the two extremes.
+    restored = load_retriever(path)
+    restored.num_retrieved = 20
+    tested = trainer.test(restored, datamodule=_datamodule(mini_dataset), verbose=False)[0]
+    assert tested["hybrid_weight_test"] == pytest.approx(0.7)
+    assert restored.hybrid_weight == 0.7  # test never re-chooses the weight
+    # On another corpus the weight does not apply: hybrid falls back to BM25 there.
+    elsewhere = trainer.test(restored, datamodule=_datamodule(toy_dataset), verbose=False)[0]
+    assert elsewhere["hybrid_weight_test"] == DEFAULT_HYBRID_WEIGHT == 0.0
+    assert elsewhere["Recall@10_test/hybrid"] == elsewhere["Recall@10_test/bm25"]
+    assert elsewhere["MRR_test/hybrid"] == elsewhere["MRR_test/bm25"]
+
+
+@pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
+def test_the_plain_metric_names_and_predict_follow_the_retrieval_mode(mode, toy_dataset):
+    pl.seed_everything(0)
+    model = PremiseRetriever(max_seq_len=64, num_retrieved=5, retrieval=mode)
+    trainer = _trainer()
+    logged = trainer.test(model, datamodule=_datamodule(toy_dataset), verbose=False)[0]
+    for metric in ("Recall@1", "Recall@5", "MRR"):  # 5 retrieved: Recall@5, not Recall@10
+        assert logged[f"{metric}_test"] == logged[f"{metric}_test/{mode}"]
+    datamodule = _datamodule(toy_dataset)
+    predicted = trainer.predict(model, datamodule=datamodule)
+    batch = next(iter(datamodule.predict_dataloader()))
+    model._split = "predict"
+    model._ensure_corpus_embeddings()
+    expected, _ = model.retrieve(batch, mode)
+    assert torch.equal(predicted[0]["retrieved"][: len(expected)], expected)
+
+
+@pytest.mark.slow
+def test_cli_validate_logs_dense_bm25_and_hybrid_and_the_command_line_mode_wins(retriever_checkpoint, mini_dataset, tmp_path):
+    common = ["validate", "--config", str(REPO / "configs" / "retrieval.yaml"), "--trainer.accelerator=cpu",
+              "--trainer.devices=1", "--trainer.enable_progress_bar=false", f"--ckpt_path={retriever_checkpoint}",
+              f"--data.data_path={mini_dataset / 'random'}", f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}",
+              "--data.max_seq_len=64"]
+    found = {}
+    for mode in ("hybrid", "bm25"):
+        result = run_cli([*common, f"--model.init_args.retrieval={mode}"], cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        found[mode] = {k: float(v) for k, v in re.findall(r"│\s+(\S+_val(?:/\w+)?)\s+│\s+([\d.]+)\s+│", result.stdout)}
+    for mode in ("dense", "bm25", "hybrid"):
+        assert {f"Recall@1_val/{mode}", f"Recall@10_val/{mode}", f"MRR_val/{mode}"} <= set(found["hybrid"])
+    assert found["hybrid"]["Recall@10_val"] == found["hybrid"]["Recall@10_val/hybrid"]
+    assert found["bm25"]["Recall@10_val"] == found["bm25"]["Recall@10_val/bm25"]
+    assert found["hybrid"]["Recall@10_val/hybrid"] >= found["hybrid"]["Recall@10_val/bm25"]
+
+
+def test_lifelong_evaluation_reports_the_default_mode_and_all_three(retriever_checkpoint, mini_dataset):
+    from leanagent.lifelong.evaluation import evaluate_checkpoint
+
+    datasets = {"mini": (mini_dataset / "random", mini_dataset / "corpus.jsonl")}
+    results = evaluate_checkpoint(retriever_checkpoint, datasets, "test", num_retrieved=20)["mini"]
+    for metric in ("Recall@1", "Recall@10", "MRR"):
+        assert results[metric] == results[f"{metric}/hybrid"]
+        assert {f"{metric}/dense", f"{metric}/bm25"} <= set(results)
+    assert results["Recall@10/bm25"] != results["Recall@10/dense"]  # really two rankings
