@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -187,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-batches", type=int, default=2)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--limit-gb", type=float, default=20.0)
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="use the default token cache (already built by earlier runs) instead of a fresh one per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more arguments for main.py")
     args = parser.parse_args(argv)
 
@@ -205,6 +208,10 @@ def main(argv: list[str] | None = None) -> None:
             for command in args.commands:
                 run = args.workdir / "runs" / f"{Path(name).name}-{command}-{ranks}"
                 run.mkdir(parents=True, exist_ok=True)
+                run_env = dict(env)
+                if not args.warm_cache:  # each run builds its token cache, as a first run on a node does
+                    shutil.rmtree(run / "token-cache", ignore_errors=True)
+                    run_env["LEANAGENT_TOKEN_CACHE"] = str(run / "token-cache")
                 cmd = [
                     sys.executable, str(REPO / "main.py"), command, "--config", str(REPO / "configs" / "retrieval.yaml"),
                     "--trainer.accelerator=cpu", f"--trainer.devices={ranks}",
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
                     cmd += [f"--trainer.limit_{command}_batches={args.val_batches}"] if command == "test" else []
                 cmd += args.extra
                 print(f"running {name} {command} x{ranks}: {' '.join(cmd[1:])}", flush=True)
-                result = measure(cmd, run, env, args.interval, args.limit_gb * GB, run / "log.txt")
+                result = measure(cmd, run, run_env, args.interval, args.limit_gb * GB, run / "log.txt")
                 status = "ok" if result["rc"] == 0 else ("EXCEEDED" if result["exceeded"] else f"rc={result['rc']} (see {run / 'log.txt'})")
                 rows.append((name, premises, command, ranks, result, status))
                 print(f"  peak tree RSS {result['rss'] / GB:.2f} GB, PSS {result['pss'] / GB:.2f} GB, "
