@@ -197,3 +197,22 @@ def test_datamodule_rebuilds_corpus_tokens_when_the_corpus_changes(toy_dataset, 
     rows = np.arange(len(new_texts))
     np.testing.assert_array_equal(after.gather_numpy(rows)[0], gather_tokens(ids, lengths, rows)[0])
     assert len([p for p in (tmp_path / "c").iterdir() if p.is_dir()]) == 2  # one entry per corpus content
+
+
+def test_hf_ragged_encoding_matches_its_dense_encoding():
+    from leanagent.data.tokenizer import HFTokenizer
+
+    class Stub:  # a Hugging Face tokenizer's call: ids per text, truncated to max_length with EOS kept
+        def __call__(self, texts, max_length, truncation):
+            return {"input_ids": [[70000 + len(t)] * min(len(t), max_length - 1) + [1] for t in texts]}
+
+    tokenizer = HFTokenizer.__new__(HFTokenizer)
+    tokenizer.tokenizer = Stub()
+    ids, lengths = tokenizer.encode(TEXTS, 8, chunk=4)
+    tokens, offsets = tokenizer.encode_ragged(TEXTS, 8, chunk=4)
+    assert tokens.dtype == np.int32  # ids above 65535 do not fit uint16
+    table = TokenTable(tokens, offsets)
+    rows = np.arange(len(TEXTS))
+    np.testing.assert_array_equal(table.gather_numpy(rows)[0], gather_tokens(ids, lengths, rows)[0])
+    empty_tokens, empty_offsets = tokenizer.encode_ragged([], 8)
+    assert len(empty_tokens) == 0 and empty_offsets.tolist() == [0]

@@ -72,7 +72,7 @@ class HFTokenizer:
             out = self.tokenizer(list(texts[lo : lo + chunk]), max_length=max_len, truncation=True)["input_ids"]
             rows.extend(np.asarray(row, dtype=np.int64) for row in out)
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-        np.cumsum([len(r) for r in rows], out=offsets[1:])
+        np.cumsum(np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows)), out=offsets[1:])
         tokens = np.concatenate(rows) if rows else np.empty(0, dtype=np.int64)
         dtype = np.uint16 if tokens.max(initial=0) <= np.iinfo(np.uint16).max else np.int32
         return tokens.astype(dtype), offsets
