@@ -23,23 +23,14 @@ from leanagent.data.corpus import Corpus
 from leanagent.data.sampling import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
 from leanagent.data.tactics import TacticStates, load_tactic_states, warn_unresolved
-from leanagent.data.tokenizer import gather_tokens, load_tokenizer
+from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
+from leanagent.data.tokenizer import load_tokenizer
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_bytes, require_file
 
 log = logging.getLogger("leanagent")
 
 SPLITS = ("train", "val", "test")
-
-
-@dataclass
-class TokenTable:
-    ids: np.ndarray
-    lengths: np.ndarray
-
-    def gather(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        ids, mask = gather_tokens(self.ids, self.lengths, rows)
-        return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 class TrainingPairs(Dataset):
@@ -181,9 +172,10 @@ class RetrievalDataModule(pl.LightningDataModule):
     @property
     def corpus_tokens(self) -> TokenTable:
         if self._corpus_tokens is None:
-            self._corpus_tokens = TokenTable(
-                *self.tokenizer.encode(self.corpus.premise_texts(self.premise_text), self.max_seq_len)
-            )
+            # Keyed by the corpus file (and the code that turns it into texts): a cache hit skips serialization.
+            key = source_key(self.tokenizer, self.max_seq_len, self.corpus_fingerprint, corpus_code_version())
+            texts = lambda: self.corpus.premise_texts(self.premise_text)  # noqa: E731
+            self._corpus_tokens = tokenize(self.tokenizer, texts, self.max_seq_len, key=key)
         return self._corpus_tokens
 
     def states(self, split: str) -> TacticStates:
@@ -201,7 +193,7 @@ class RetrievalDataModule(pl.LightningDataModule):
 
     def state_tokens(self, split: str) -> TokenTable:
         if split not in self._state_tokens:
-            self._state_tokens[split] = TokenTable(*self.tokenizer.encode(self.states(split).states, self.max_seq_len))
+            self._state_tokens[split] = tokenize(self.tokenizer, self.states(split).states, self.max_seq_len)
         return self._state_tokens[split]
 
     @property
