@@ -32,8 +32,10 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
 
 
 def ensure_writable(folder: str | os.PathLike, what: str) -> Path:
-    """Create `folder` if needed and prove a file can be written there (permissions, read-only disks)."""
+    """Prove a file can be written in `folder` (permissions, read-only disks, a file in the way), creating it
+    for the test and removing what was created."""
     p = Path(folder)
+    created = [q for q in (p, *p.parents) if not q.exists()]  # removed again: a failed run leaves no folders
     try:
         p.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=p, prefix=".leanagent-write-test.")
@@ -41,6 +43,12 @@ def ensure_writable(folder: str | os.PathLike, what: str) -> Path:
         os.unlink(probe)
     except OSError as e:
         raise LeanAgentError(f"{what}: {p} is not writable ({e.strerror or type(e).__name__})") from None
+    finally:
+        for q in created:
+            try:
+                q.rmdir()
+            except OSError:
+                pass
     return p
 
 

@@ -147,6 +147,7 @@ class LifelongRun:
         """Run (or finish) every stage; returns the report summary that results.json holds."""
         s = self.settings
         ensure_writable(self.out, "output_dir")
+        self.out.mkdir(parents=True, exist_ok=True)
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
         order = repository_order(s, repos)
         state = self._load_state(order)
