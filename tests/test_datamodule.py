@@ -128,3 +128,17 @@ def test_corpus_embeddings_are_recomputed_when_the_weights_change(toy_dataset):
     model.load_state_dict(other.state_dict())  # another checkpoint, same global step
     model._ensure_corpus_embeddings()
     assert not torch.allclose(model.corpus_embeddings, first)
+
+
+def test_fisher_shards_have_equal_length_and_mark_their_padding():
+    shards = [list(UnpaddedDistributedSampler(list(range(5)), 2, r, equal_length=True)) for r in range(2)]
+    assert shards == [[0, 2, 4], [1, 3, -2]]  # -2 is a copy of item 1, marked as padding
+    real = sorted(i for shard in shards for i in shard if i >= 0)
+    assert real == [0, 1, 2, 3, 4]
+
+
+def test_a_padding_copy_is_the_same_item_marked(toy_dataset):
+    pairs = datamodule(toy_dataset).train_pairs
+    copy = pairs[-1 - 1]
+    assert copy["padding"] is True and copy["index"] == 1 and "padding" not in pairs[1]
+    assert (copy["negatives"] == pairs[1]["negatives"]).all()

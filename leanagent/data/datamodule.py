@@ -53,6 +53,8 @@ class TrainingPairs(Dataset):
         return len(self.pairs)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        if index < 0:  # a padding copy of item -1 - index (see UnpaddedDistributedSampler.equal_length)
+            return {**self[-1 - index], "padding": True}
         state, positive = (int(v) for v in self.pairs[index])
         rng = np.random.default_rng([self.seed, self.epoch, index])
         negatives = self.sampler.sample(
@@ -222,6 +224,7 @@ class RetrievalDataModule(pl.LightningDataModule):
         cand_ids, cand_mask = self.corpus_tokens.gather(candidates)
         return {
             "index": torch.tensor([it["index"] for it in items]),
+            "padding": torch.tensor([bool(it.get("padding", False)) for it in items]),
             "query_ids": query_ids,
             "query_mask": query_mask,
             "cand_ids": cand_ids,
@@ -276,7 +279,11 @@ class RetrievalDataModule(pl.LightningDataModule):
         single_pass = bool(getattr(module, "needs_single_pass", False))
         world_size, rank = self._world()
         if single_pass:
-            return self._loader(self.train_pairs, self.batch_size, self.collate_train, exact=True)
+            # Lightning runs a collective every training step, so every rank needs as many batches:
+            # shards are padded with marked copies that the Fisher leaves out.
+            sampler = UnpaddedDistributedSampler(self.train_pairs, world_size, rank, equal_length=True)
+            return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=sampler,
+                              collate_fn=self.collate_train, num_workers=self.num_workers)
         if getattr(module, "needs_fixed_order", False):
             # Lightning would inject a shuffled sampler into any training loader; a DistributedSampler is kept.
             in_order = DistributedSampler(self.train_pairs, num_replicas=world_size, rank=rank, shuffle=False)

@@ -21,11 +21,17 @@ class UnpaddedDistributedSampler(DistributedSampler):
     stores results by example index, so the duplicate counts once.
     """
 
-    def __init__(self, dataset, num_replicas: int, rank: int, never_empty: bool = False) -> None:
+    def __init__(self, dataset, num_replicas: int, rank: int, never_empty: bool = False, equal_length: bool = False) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
         self.indices = list(range(rank, len(dataset), num_replicas))
         if never_empty and not self.indices and len(dataset) > 0:
             self.indices = [rank % len(dataset)]
+        if equal_length and len(dataset) > 0:
+            # Every rank gets ceil(N / W) items; the extra ones are -1 - i, which the dataset serves as
+            # a copy of item i marked as padding, for passes that must run the same number of steps.
+            target = -(-len(dataset) // num_replicas)
+            extra = target - len(self.indices)
+            self.indices += [-1 - (i % len(dataset)) for i in range(rank, rank + extra)]
         self.num_samples = len(self.indices)
         self.total_size = len(dataset)
 

@@ -152,8 +152,13 @@ class FisherInformation(pl.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         beat("Fisher", batch_idx)
+        real = ~batch["padding"] if "padding" in batch else torch.ones(len(batch["index"]), dtype=torch.bool)
+        real = real.to(self.device)
         if self.mode == "empirical":
-            squared = {k: (g.float() ** 2).sum(dim=0) for k, g in self.per_example_grads(batch).items()}
+            squared = {
+                k: (g.float() ** 2 * real.view(-1, *[1] * (g.dim() - 1))).sum(dim=0)  # padding copies count 0
+                for k, g in self.per_example_grads(batch).items()
+            }
         else:
             squared = {k: g.float() ** 2 for k, g in self.rank_averaged(self.batch_grads(batch)).items()}
         for name, value in squared.items():
@@ -161,7 +166,7 @@ class FisherInformation(pl.LightningModule):
                 self._sum[name] += value
             else:
                 self._sum[name] = value.clone()
-        self._count += len(batch["index"])
+        self._count += int(real.sum())
 
     def on_train_epoch_end(self) -> None:
         names = [name for name, _ in self.retriever.encoder.named_parameters()]
