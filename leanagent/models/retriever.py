@@ -421,6 +421,7 @@ class PremiseRetriever(pl.LightningModule):
 
     # Checkpoints: the fit's plan goes in; one made for another architecture is refused.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._save_hybrid_weight(checkpoint)
         trainer = self.trainer
         if trainer.state.fn != TrainerFn.FITTING:
             return
@@ -461,7 +462,7 @@ class PremiseRetriever(pl.LightningModule):
         self._load_hybrid_weight(checkpoint)
 
     # The hybrid weight chosen on validation travels in the checkpoint; older checkpoints have none.
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+    def _save_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
         if self.hybrid_weight is not None:
             checkpoint["hybrid_weight"] = float(self.hybrid_weight)
             checkpoint["hybrid_corpus"] = self.hybrid_corpus
