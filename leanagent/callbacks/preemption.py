@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
-from lightning_fabric.plugins.environments import SLURMEnvironment
+from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.callbacks import Callback
 
 from leanagent.errors import LeanAgentError

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
