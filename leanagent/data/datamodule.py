@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from leanagent.data.corpus import Corpus
+from leanagent.data.hard_negatives import mine_hard_negatives
 from leanagent.data.sampling import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
 from leanagent.data.tactics import TacticStates, load_tactic_states, warn_unresolved
@@ -26,6 +27,7 @@ from leanagent.data.token_store import TokenTable, corpus_code_version, source_k
 from leanagent.data.tokenizer import load_tokenizer
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_bytes, require_file
+from leanagent.retrieval.bm25 import BM25Index
 
 log = logging.getLogger("leanagent")
 
@@ -39,10 +41,13 @@ class TrainingPairs(Dataset):
     batch order: what the Fisher computation needs to agree across world sizes.
     """
 
-    def __init__(self, states: TacticStates, sampler: NegativeSampler, seed: int) -> None:
+    def __init__(
+        self, states: TacticStates, sampler: NegativeSampler, seed: int, hard_pools: np.ndarray | None = None
+    ) -> None:
         self.states = states
         self.sampler = sampler
         self.seed = seed
+        self.hard_pools = hard_pools
         self.epoch = 0
         self.pairs = np.asarray(
             [(i, p) for i, positives in enumerate(states.positives) for p in positives], dtype=np.int64
@@ -57,7 +62,8 @@ class TrainingPairs(Dataset):
         state, positive = (int(v) for v in self.pairs[index])
         rng = np.random.default_rng([self.seed, self.epoch, index])
         negatives = self.sampler.sample(
-            self.states.file_ids[state], self.states.pos_keys[state], positive, rng
+            self.states.file_ids[state], self.states.pos_keys[state], positive, rng,
+            None if self.hard_pools is None else self.hard_pools[state],
         )
         return {"index": index, "state": state, "positive": positive, "negatives": negatives}
 
@@ -82,6 +88,8 @@ class RetrievalDataModule(pl.LightningDataModule):
         corpus_path: str = "data/batteries/corpus.jsonl",
         num_negatives: int = 3,
         num_in_file_negatives: int = 1,
+        num_hard_negatives: int = 0,
+        hard_negative_pool: int = 32,
         batch_size: int = 8,
         eval_batch_size: int = 64,
         max_seq_len: int = 512,
@@ -97,6 +105,10 @@ class RetrievalDataModule(pl.LightningDataModule):
             corpus_path: the dataset's corpus.jsonl.
             num_negatives: negatives per training pair.
             num_in_file_negatives: how many of them come from the positive premise's own file, at most.
+            num_hard_negatives: how many of them are BM25-mined hard negatives: drawn each epoch from the
+                `hard_negative_pool` accessible premises BM25 ranks highest for the state, its positives
+                excluded (leanagent/data/hard_negatives.py). They come first; in-file and random ones fill the rest.
+            hard_negative_pool: BM25 candidates kept per state for hard negatives.
             batch_size: training pairs per batch and device.
             eval_batch_size: tactic states (or premises, when embedding the corpus) per batch.
             max_seq_len: tokens kept of each state and premise.
@@ -116,6 +128,14 @@ class RetrievalDataModule(pl.LightningDataModule):
                 f"data.num_in_file_negatives ({num_in_file_negatives}) must lie between 0 "
                 f"and data.num_negatives ({num_negatives})"
             )
+        if not 0 <= num_hard_negatives <= num_negatives:
+            raise LeanAgentError(
+                f"data.num_hard_negatives ({num_hard_negatives}) must lie between 0 and data.num_negatives ({num_negatives})"
+            )
+        if num_hard_negatives and hard_negative_pool < num_hard_negatives:
+            raise LeanAgentError(
+                f"data.hard_negative_pool ({hard_negative_pool}) must be at least data.num_hard_negatives ({num_hard_negatives})"
+            )
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("max_seq_len", max_seq_len)):
             if value < 1:
                 raise LeanAgentError(f"data.{name} must be positive, got {value}")
@@ -130,6 +150,8 @@ class RetrievalDataModule(pl.LightningDataModule):
             raise LeanAgentError(f"data.data_path is not a folder: {self.data_path}")
         self.num_negatives = num_negatives
         self.num_in_file_negatives = num_in_file_negatives
+        self.num_hard_negatives = num_hard_negatives
+        self.hard_negative_pool = hard_negative_pool
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.max_seq_len = max_seq_len
@@ -143,6 +165,7 @@ class RetrievalDataModule(pl.LightningDataModule):
         self._corpus: Corpus | None = None
         self._corpus_tokens: TokenTable | None = None
         self._corpus_fingerprint: str | None = None
+        self._bm25: BM25Index | None = None
         self._tokenizer = None
         self._states: dict[str, TacticStates] = {}
         self._state_tokens: dict[str, TokenTable] = {}
@@ -179,6 +202,13 @@ class RetrievalDataModule(pl.LightningDataModule):
             self._corpus_tokens = tokenize(self.tokenizer, texts, self.max_seq_len, key=key)
         return self._corpus_tokens
 
+    @property
+    def bm25_index(self) -> BM25Index:
+        """One BM25 index per process and corpus, for hard negatives and for BM25/hybrid evaluation."""
+        if self._bm25 is None:
+            self._bm25 = BM25Index(self.corpus)
+        return self._bm25
+
     def states(self, split: str) -> TacticStates:
         if split not in self._states:
             if split == "predict":
@@ -200,8 +230,12 @@ class RetrievalDataModule(pl.LightningDataModule):
     @property
     def train_pairs(self) -> TrainingPairs:
         if self._train is None:
-            sampler = NegativeSampler(self.corpus, self.num_negatives, self.num_in_file_negatives)
-            self._train = TrainingPairs(self.states("train"), sampler, self.seed)
+            sampler = NegativeSampler(self.corpus, self.num_negatives, self.num_in_file_negatives, self.num_hard_negatives)
+            states = self.states("train")
+            pools = None
+            if self.num_hard_negatives:
+                pools = mine_hard_negatives(self.bm25_index, self.corpus, states, self.hard_negative_pool)
+            self._train = TrainingPairs(states, sampler, self.seed, pools)
             if len(self._train) == 0:
                 raise LeanAgentError(
                     f"{self.data_path / 'train.json'}: no training examples "

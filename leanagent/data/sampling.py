@@ -13,12 +13,17 @@ from leanagent.data.corpus import Corpus
 
 
 class NegativeSampler:
-    """ReProver's scheme: up to `num_in_file` negatives from the positive's file, the rest from elsewhere."""
+    """ReProver's scheme: up to `num_in_file` negatives from the positive's file, the rest from elsewhere.
 
-    def __init__(self, corpus: Corpus, num_negatives: int, num_in_file: int) -> None:
+    With `num_hard` > 0, that many come first from the query's pool of BM25-mined hard negatives
+    (leanagent/data/hard_negatives.py); in-file and random ones fill the rest, none repeating them.
+    """
+
+    def __init__(self, corpus: Corpus, num_negatives: int, num_in_file: int, num_hard: int = 0) -> None:
         self.corpus = corpus
         self.num_negatives = num_negatives
         self.num_in_file = num_in_file
+        self.num_hard = num_hard
         self._imported_ranges: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def imported_ranges(self, file_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -29,9 +34,16 @@ class NegativeSampler:
             self._imported_ranges[file_id] = (files, ranges[:, 0], np.cumsum(ranges[:, 1] - ranges[:, 0]))
         return self._imported_ranges[file_id]
 
-    def sample(self, file_id: int, pos_key: int, positive: int, rng: np.random.Generator) -> np.ndarray:
+    def sample(
+        self, file_id: int, pos_key: int, positive: int, rng: np.random.Generator, hard_pool: np.ndarray | None = None
+    ) -> np.ndarray:
         """`num_negatives` premise ids, padded with -1 where the query has too few accessible premises."""
         corpus = self.corpus
+        hard = np.empty(0, dtype=np.int64)
+        if self.num_hard and hard_pool is not None:
+            candidates = hard_pool[(hard_pool >= 0) & (hard_pool != positive)]
+            take = min(self.num_hard, len(candidates))
+            hard = rng.choice(candidates, size=take, replace=False) if take else hard
         pos_file = int(corpus.premise_file[positive])
         own = corpus.accessible_in_file(file_id, pos_key)
         files, firsts, cumsizes = self.imported_ranges(file_id)
@@ -44,7 +56,9 @@ class NegativeSampler:
             in_file = in_file[in_file != positive]
         else:
             in_file = np.empty(0, dtype=np.int64)
-        take_in = min(self.num_in_file, len(in_file))
+        if len(hard):
+            in_file = in_file[~np.isin(in_file, hard)]
+        take_in = min(self.num_in_file, len(in_file), self.num_negatives - len(hard))
         chosen_in = rng.choice(in_file, size=take_in, replace=False) if take_in else in_file[:0]
 
         # Out-of-file candidates: imported ranges without the positive's file, then the own-file ones.
@@ -55,15 +69,22 @@ class NegativeSampler:
         imported_total = int(cumsizes[-1]) - skip_size if len(cumsizes) else 0
         own_out = own if pos_file != file_id else own[:0]
         total = imported_total + len(own_out)
-        take_out = min(self.num_negatives - take_in, total)
+        need = self.num_negatives - len(hard) - take_in
+        # Drawn with room for the hard ones they may repeat, which are then dropped.
+        take_out = min(need + len(hard), total)
         offsets = rng.choice(total, size=take_out, replace=False) if take_out else np.empty(0, dtype=np.int64)
-        from_imported = offsets[offsets < imported_total]
+        imported = offsets < imported_total
+        from_imported = offsets[imported]
         from_imported = from_imported + np.where(from_imported >= skip_at, skip_size, 0)
         block = np.searchsorted(cumsizes, from_imported, side="right")
         within = from_imported - (cumsizes[block] - sizes[block]) if len(block) else from_imported
-        chosen_out = np.concatenate([firsts[block] + within, own_out[offsets[offsets >= imported_total] - imported_total]])
+        chosen_out = np.empty(len(offsets), dtype=np.int64)
+        chosen_out[imported] = firsts[block] + within
+        chosen_out[~imported] = own_out[offsets[~imported] - imported_total]
+        if len(hard):
+            chosen_out = chosen_out[~np.isin(chosen_out, hard)][:need]
 
         out = np.full(self.num_negatives, -1, dtype=np.int64)
-        chosen = np.concatenate([chosen_in, chosen_out]).astype(np.int64)
+        chosen = np.concatenate([hard, chosen_in, chosen_out]).astype(np.int64)
         out[: len(chosen)] = chosen
         return out

@@ -303,7 +303,8 @@ class PremiseRetriever(pl.LightningModule):
         datamodule = self.trainer.datamodule
         key = datamodule.corpus_fingerprint
         if self._bm25 is None or self._bm25[0] != key:
-            self._bm25 = (key, BM25Index(datamodule.corpus))
+            index = getattr(datamodule, "bm25_index", None)
+            self._bm25 = (key, index if isinstance(index, BM25Index) else BM25Index(datamodule.corpus))
         return self._bm25[1]
 
     @torch.no_grad()
