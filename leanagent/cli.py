@@ -261,7 +261,7 @@ def _setup_logging() -> None:
         logger.propagate = False
 
 
-LIFELONG_COMMANDS = ("lifelong", "ablation", "curriculum")
+LIFELONG_COMMANDS = ("lifelong", "ablation", "curriculum", "merge")
 
 
 def main(args: list[str] | None = None) -> None:

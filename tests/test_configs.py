@@ -35,6 +35,12 @@ def test_there_are_configs_to_check():
 @pytest.mark.parametrize("config", CLI_CONFIGS, ids=lambda p: p.name)
 def test_config_parses_and_resolves_the_strategy(config: Path, clean_env, tmp_path, retriever_checkpoint):
     overrides = ["--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"]
+    raw = yaml.safe_load(config.read_text())
+    if not (REPO / raw.get("data", {}).get("corpus_path", "data/batteries/corpus.jsonl")).exists():
+        # Recipes for data a user downloads or merges first: parsed here against the bundled dataset.
+        overrides += ["--data.data_path=data/batteries/random", "--data.corpus_path=data/batteries/corpus.jsonl"]
+    if raw["model"].get("init_args", {}).get("model_name", "byt5-tiny").startswith("google/"):
+        overrides.append("--model.init_args.model_name=byt5-tiny")  # no download in tests
     if "FisherInformation" in config.read_text():
         overrides.append(f"--model.init_args.ckpt_path={retriever_checkpoint}")
     cli = LeanAgentCLI(args=["--config", str(config), *overrides], run=False)
@@ -58,6 +64,14 @@ def test_config_parses_and_resolves_the_strategy(config: Path, clean_env, tmp_pa
     assert {"DataLoadingBarrier", "FitEndBarrier", "LearningRateMonitor", "ModelCheckpoint", "EarlyStopping"} <= set(callbacks)
     assert callbacks["ModelCheckpoint"].init_args.monitor == "Recall@10_val"
     assert callbacks["EarlyStopping"].init_args.patience == 5
+
+
+def test_byt5_small_recipe_has_reprovers_hyperparameters():
+    raw = yaml.safe_load((REPO / "configs/retrieval_byt5_small.yaml").read_text())
+    model, data = raw["model"]["init_args"], raw["data"]
+    assert model["model_name"] == "google/byt5-small" and model["loss"] == "mse"
+    assert (model["lr"], model["warmup_steps"], model["num_retrieved"]) == (2e-4, 2000, 100)
+    assert (data["num_negatives"], data["num_in_file_negatives"], data["batch_size"], data["max_seq_len"]) == (3, 1, 8, 1024)
 
 
 def test_retrieval_config_has_leanagent_optimisation_settings(clean_env, tmp_path):

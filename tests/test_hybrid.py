@@ -54,9 +54,18 @@ def test_normalise_maps_accessible_scores_to_the_unit_interval():
 def test_choose_weight_takes_the_best_recall_at_10_and_the_smallest_weight_on_ties():
     metrics = {w: torch.tensor([10.0, 50.0, 0.3]) for w in HYBRID_GRID}  # [R@1, R@10, MRR]
     assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.0
-    metrics[0.6] = torch.tensor([5.0, 60.0, 0.1])
-    metrics[0.7] = torch.tensor([5.0, 60.0, 0.2])
+    metrics[0.6] = torch.tensor([11.0, 60.0, 0.31])
+    metrics[0.7] = torch.tensor([11.0, 60.0, 0.32])
     assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.7
+
+
+def test_choose_weight_never_trades_a_bm25_metric_for_recall_at_10():
+    metrics = {w: torch.tensor([10.0, 50.0, 0.3]) for w in HYBRID_GRID}
+    metrics[0.8] = torch.tensor([9.9, 70.0, 0.35])  # better R@10 and MRR, worse R@1 than BM25
+    metrics[0.4] = torch.tensor([10.0, 55.0, 0.3])
+    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.4
+    metrics[0.4] = torch.tensor([10.0, 55.0, 0.29])
+    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.0
 
 
 def test_unknown_retrieval_mode_is_rejected():

@@ -1,4 +1,4 @@
-"""Commands `lifelong`, `ablation` and `curriculum` (`python main.py <command> --config ...`)."""
+"""Commands `lifelong`, `ablation`, `curriculum` (`python main.py <command> --config ...`) and `merge`."""
 
 from __future__ import annotations
 
@@ -93,7 +93,27 @@ def main(command: str, argv: list[str]) -> None:
         print(f"results in {settings.output_dir}: results.json, evaluations.csv, lifelong.png")
     elif command == "ablation":
         run_ablation(argv)
+    elif command == "merge":
+        run_merge(argv)
     elif command == "curriculum":
         settings = parse_lifelong(argv)
         repos = resolve_repositories(settings.repositories, Path(settings.output_dir))
         print(format_curriculum(compute_curriculum(repos, settings.split)))
+
+
+def run_merge(argv: list[str]) -> None:
+    """`python main.py merge --out DIR SOURCE...`: one dataset folder from several, as LeanAgent's Merge All builds it.
+
+    Recipes that train on many repositories at once (configs/retrieval_mathlib.yaml) read its output.
+    """
+    from leanagent.lifelong.merge import DEFAULT_SPLITS, merge_datasets
+
+    parser = ArgumentParser(prog="main.py merge", description=run_merge.__doc__.splitlines()[0])
+    parser.add_argument("sources", nargs="+", type=str, help="dataset folders (corpus.jsonl and split folders)")
+    parser.add_argument("--out", type=str, required=True, help="the merged dataset folder to write")
+    parser.add_argument("--split", type=list[str], default=list(DEFAULT_SPLITS), help="split folders to merge")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it exists")
+    args = parser.parse_args(argv)
+    stats = merge_datasets([Path(s) for s in args.sources], Path(args.out), args.split, overwrite=args.overwrite)
+    counts = ", ".join(f"{name} {parts}" for name, parts in stats.theorems.items())
+    print(f"merged {len(args.sources)} datasets into {args.out}: {stats.files} files, {stats.premises} premises; theorems: {counts}")

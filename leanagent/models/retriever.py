@@ -385,13 +385,17 @@ class PremiseRetriever(pl.LightningModule):
 
     @staticmethod
     def choose_hybrid_weight(by_weight: dict[float, torch.Tensor]) -> float:
-        """The grid weight with the best (Recall@10, MRR, Recall@1); the smallest (closest to BM25) on ties.
+        """The grid weight with the best (Recall@10, MRR, Recall@1) among those no worse than BM25 on any of them.
 
-        Columns are `metric_names(num_retrieved)`: Recall@1, [Recall@min(10, n)], MRR.
+        BM25 (weight 0) always qualifies, so hybrid is never below BM25 on the split it was chosen on;
+        on ties the smallest weight (closest to BM25) wins. Columns are `metric_names(num_retrieved)`:
+        Recall@1, [Recall@min(10, n)], MRR.
         """
         width = len(next(iter(by_weight.values())))
         order = [max(0, width - 2), width - 1, 0]
-        return max(sorted(by_weight), key=lambda w: tuple(float(by_weight[w][i]) for i in order) + (-w,))
+        bm25 = [float(v) for v in by_weight[0.0]] if 0.0 in by_weight else None
+        allowed = [w for w in sorted(by_weight) if bm25 is None or all(float(v) >= b for v, b in zip(by_weight[w], bm25))]
+        return max(allowed, key=lambda w: tuple(float(by_weight[w][i]) for i in order) + (-w,))
 
     def on_validation_epoch_start(self) -> None:
         self._start_eval("val")
