@@ -94,9 +94,11 @@ def batches(datamodule: RetrievalDataModule, batch_size: int, count: int):
     return [datamodule.collate_train([pairs[i] for i in order[k * batch_size : (k + 1) * batch_size]]) for k in range(count)]
 
 
-def train_steps(name: str, shape: dict[str, int], data: list[dict], accumulate: int, peak: float, peak_cpu: float) -> dict:
+def train_steps(
+    name: str, shape: dict[str, int], data: list[dict], accumulate: int, peak: float, peak_cpu: float, **model_args
+) -> dict:
     """Time training steps on `data` after one warm-up step; print and return the figures."""
-    model = PremiseRetriever(model_name=name, loss="infonce", lr=2e-3)
+    model = PremiseRetriever(model_name=name, loss="infonce", lr=2e-3, **model_args)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     recorder = ShapeRecorder(model.encoder)
 
@@ -147,6 +149,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24, help="timed batches for byt5-tiny and byt5-mini")
     parser.add_argument("--big-steps", type=int, default=2, help="timed batches for the ByT5-small shape")
     parser.add_argument("--big-batch-size", type=int, default=2, help="pairs per batch for the ByT5-small shape")
+    parser.add_argument("--big-chunk-cost", type=float, default=512.0,
+                        help="model.chunk_cost for the ByT5-small shape (a call costs little beside its tokens)")
     parser.add_argument("--batch-size", type=int, default=8, help="pairs per batch (shipped: 8)")
     parser.add_argument("--ranks", type=int, default=4, help="ranks of the shipped config, for the epoch estimate")
     args = parser.parse_args()
@@ -166,7 +170,7 @@ def main() -> None:
     tiny = train_steps("byt5-tiny", encoder_module.PRESETS["byt5-tiny"], data, 4, bf16, bf16_cpu)
     train_steps("byt5-mini", encoder_module.PRESETS["byt5-mini"], data, 4, bf16, bf16_cpu)
     big = batches(datamodule, args.big_batch_size, args.big_steps + 1)
-    train_steps("byt5-small-shape", BYT5_SMALL_SHAPE, big, 1, bf16, bf16_cpu)
+    train_steps("byt5-small-shape", BYT5_SMALL_SHAPE, big, 1, bf16, bf16_cpu, chunk_cost=args.big_chunk_cost)
     # The shipped config runs `ranks` processes of `threads` threads each over the machine's cores: one
     # rank's throughput per thread times the cores, before any DDP or Lightning cost.
     cores = local_cpu_count()
