@@ -116,7 +116,7 @@ class PremiseRetriever(pl.LightningModule):
                 into calls that minimise padding plus `chunk_cost` per call (leanagent/models/chunking.py),
                 so one long premise does not pad a whole batch (attention grows with the square of the length).
             chunk_cost: the fixed cost of one more encoder call, in padded tokens; lower cuts padding,
-                higher cuts calls (512: 1.16x padded tokens on mathlib-order, benchmarks/train_speed.py).
+                higher cuts calls (512: 1.19x padded tokens on mathlib-order, benchmarks/train_speed.py).
             loss: `mse` (ReProver/LeanAgent) or `infonce` (see `contrastive_loss`).
             fisher_path: a Fisher file; with `ewc_lambda` > 0 training adds the EWC penalty towards
                 the weights that Fisher was computed on (see leanagent/ewc.py).
