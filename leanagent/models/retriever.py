@@ -11,12 +11,14 @@ import pytorch_lightning as pl
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from pytorch_lightning.trainer.states import TrainerFn
 
 from leanagent.checkpoints import FIT_STATE_KEY, FitState, next_fit_start
 from leanagent.errors import LeanAgentError
 from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
+from leanagent.models.chunking import length_chunks
 from leanagent.models.encoder import Encoder
 from leanagent.retrieval.bm25 import BM25Index, masked_topk
 from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, MODE_WEIGHTS, RETRIEVAL_MODES, Fuser
@@ -51,10 +53,20 @@ def contrastive_loss(
 LOSSES = ("mse", "infonce")
 
 
+def stack_padded(*tables: torch.Tensor) -> torch.Tensor:
+    """Rows of 2D tables one after the other, zero-padded on the right to the widest."""
+    width = max(t.shape[1] for t in tables)
+    return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
+
+
 def batch_loss(encode, batch: dict[str, torch.Tensor], loss: str = "mse") -> torch.Tensor:
     """The in-batch loss: every query against every candidate of the batch (its own and the others')."""
-    queries = encode(batch["query_ids"], batch["query_mask"])
-    candidates = encode(batch["cand_ids"], batch["cand_mask"])
+    # One call for both, so that queries and candidates of similar length share encoder chunks.
+    ids = stack_padded(batch["query_ids"], batch["cand_ids"])  # 0 is ByT5's padding id
+    mask = stack_padded(batch["query_mask"], batch["cand_mask"])
+    embeddings = encode(ids, mask)
+    num_queries = len(batch["query_ids"])
+    queries, candidates = embeddings[:num_queries], embeddings[num_queries:]
     return contrastive_loss(queries @ candidates.T, batch["labels"], batch["cand_valid"][None, :], loss)
 
 
@@ -84,7 +96,8 @@ class PremiseRetriever(pl.LightningModule):
         num_retrieved: int = 100,
         max_seq_len: int = 512,
         weight_decay: float = 0.0,
-        length_bucket: int = 16,
+        length_bucket: int = 64,
+        chunk_cost: float = 512.0,
         loss: str = "mse",
         fisher_path: str | None = None,
         ewc_lambda: float = 0.0,
@@ -99,8 +112,11 @@ class PremiseRetriever(pl.LightningModule):
             num_retrieved: premises retrieved per tactic state in evaluation and prediction.
             max_seq_len: linked from `data.max_seq_len`; recorded so a checkpoint says how it was trained.
             weight_decay: AdamW weight decay.
-            length_bucket: sequences encoded per call, grouped by length, so one long premise
-                does not pad a whole batch (attention cost grows with the square of the length).
+            length_bucket: the most sequences encoded per call. Sequences are sorted by length and cut
+                into calls that minimise padding plus `chunk_cost` per call (leanagent/models/chunking.py),
+                so one long premise does not pad a whole batch (attention grows with the square of the length).
+            chunk_cost: the fixed cost of one more encoder call, in padded tokens; lower cuts padding,
+                higher cuts calls (512: 1.19x padded tokens on mathlib-order, benchmarks/train_speed.py).
             loss: `mse` (ReProver/LeanAgent) or `infonce` (see `contrastive_loss`).
             fisher_path: a Fisher file; with `ewc_lambda` > 0 training adds the EWC penalty towards
                 the weights that Fisher was computed on (see leanagent/ewc.py).
@@ -125,6 +141,8 @@ class PremiseRetriever(pl.LightningModule):
                 raise LeanAgentError(f"model.{name} must be {'positive' if name == 'lr' else 'non-negative'}, got {value}")
         if length_bucket < 1:
             raise LeanAgentError(f"model.length_bucket must be at least 1, got {length_bucket}")
+        if not (chunk_cost >= 0 and math.isfinite(chunk_cost)):
+            raise LeanAgentError(f"model.chunk_cost must be a non-negative number, got {chunk_cost}")
         if retrieval not in RETRIEVAL_MODES:
             raise LeanAgentError(f"model.retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
         self.retrieval = retrieval
@@ -138,6 +156,7 @@ class PremiseRetriever(pl.LightningModule):
         self.num_retrieved = num_retrieved
         self.weight_decay = weight_decay
         self.length_bucket = length_bucket
+        self.chunk_cost = chunk_cost
         self.loss = loss
         self.encoder = Encoder(model_name)
         # A plain object, not a submodule: F and theta* must not be DDP buffers broadcast every step.
@@ -155,12 +174,13 @@ class PremiseRetriever(pl.LightningModule):
         return ((f"encoder.{name}", p) for name, p in self.encoder.named_parameters())
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Embeddings in input order, computed on length-sorted chunks trimmed to their own longest row."""
+        """Embeddings in input order, computed on length-sorted chunks (see `length_chunks`) trimmed to their longest row."""
         lengths = attention_mask.sum(dim=1)
         order = lengths.argsort()
+        sorted_lengths = lengths[order].cpu().numpy()
         parts = []
-        for chunk in order.split(self.length_bucket):
-            width = int(lengths[chunk].max())
+        for start, stop in length_chunks(sorted_lengths, self.length_bucket, self.chunk_cost):
+            chunk, width = order[start:stop], int(sorted_lengths[stop - 1])
             parts.append(self.encoder(input_ids[chunk, :width], attention_mask[chunk, :width]))
         return torch.cat(parts)[order.argsort()]
 
