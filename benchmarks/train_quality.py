@@ -5,8 +5,10 @@ data/batteries/random got worse after training than the untrained model. This sc
 `PremiseRetriever` on `RetrievalDataModule` directly (one CPU process, one torch thread, no
 logger or checkpoints), so losses, learning rates and model sizes can be compared quickly.
 
-It prints one line per evaluation (epoch 0 = untrained) with Recall@1/Recall@10/MRR on the
-validation split and wall times, then a summary line. One process with --batch-size 8 takes 4x
+It prints one line per evaluation (epoch 0 = untrained) with Recall@1/Recall@10/MRR of the dense
+ranking and of hybrid on the validation split and wall times, a summary line (dense), then the test
+split of the training dataset and of each `--test-datasets` folder (cross-dataset transfer; there
+hybrid falls back to BM25, as its weight was chosen on another corpus). One process with --batch-size 8 takes 4x
 the optimizer steps per epoch of the default 4-rank run; --batch-size 32 (with --accumulate 4)
 matches its effective batch of 128 and its ~11 steps per epoch. Run from the repository root:
 
@@ -25,6 +27,7 @@ from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.retriever import LOSSES, PremiseRetriever
 
 METRICS = ("Recall@1_val", "Recall@10_val", "MRR_val")
+MODES = ("dense", "bm25", "hybrid")
 
 
 class Report(pl.Callback):
@@ -49,14 +52,16 @@ class Report(pl.Callback):
         row = {
             "epoch": trainer.current_epoch + 1 if fitting else 0,
             "steps": trainer.global_step,
-            **{name: float(trainer.callback_metrics[name]) for name in METRICS},
+            **{name: float(trainer.callback_metrics[f"{name}/dense"]) for name in METRICS},
+            "hybrid": [float(trainer.callback_metrics[f"{name}/hybrid"]) for name in METRICS],
             "train_s": self._epoch_train,
             "val_s": time.perf_counter() - self._val_start,
         }
         self.rows.append(row)
         print(
             f"epoch {row['epoch']:2d}  steps {row['steps']:3d}  R@1 {row['Recall@1_val']:5.1f}  "
-            f"R@10 {row['Recall@10_val']:5.1f}  MRR {row['MRR_val']:.3f}  "
+            f"R@10 {row['Recall@10_val']:5.1f}  MRR {row['MRR_val']:.3f} (dense)  "
+            f"hybrid {row['hybrid'][0]:5.1f}/{row['hybrid'][1]:5.1f}/{row['hybrid'][2]:.3f}  "
             f"train {row['train_s']:6.1f}s  val {row['val_s']:5.1f}s",
             flush=True,
         )
@@ -81,6 +86,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--corpus-path", default="data/batteries/corpus.jsonl")
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--seed", type=int, default=3407)
+    p.add_argument("--num-hard-negatives", type=int, default=0, help="BM25-mined negatives among the 3 per pair")
+    p.add_argument("--test-datasets", nargs="*", default=[],
+                   help="dataset folders whose random/test split the trained model is tested on (cross-dataset transfer)")
     p.add_argument("--premise-text", choices=("serialized", "code"), default="serialized",
                    help="what the encoder reads for a premise (ReProver's serialized form, or raw code)")
     return p.parse_args()
@@ -98,6 +106,7 @@ def main() -> None:
         model_name=args.model_name,
         seed=args.seed,
         premise_text=args.premise_text,
+        num_hard_negatives=args.num_hard_negatives,
     )
     model = PremiseRetriever(
         model_name=args.model_name,
@@ -130,7 +139,7 @@ def main() -> None:
     before, after = report.rows[0], report.rows[-1]
     best = max(report.rows[1:], key=lambda r: r["MRR_val"], default=after)
     print(
-        f"summary: premise_text={args.premise_text} loss={args.loss} lr={args.lr:g} warmup={args.warmup_steps} model={args.model_name} "
+        f"summary (dense): premise_text={args.premise_text} hard={args.num_hard_negatives} loss={args.loss} lr={args.lr:g} warmup={args.warmup_steps} model={args.model_name} "
         f"bs={args.batch_size}x{args.accumulate} epochs={args.epochs} steps={after['steps']}  "
         f"R@1/R@10/MRR before {before['Recall@1_val']:.1f}/{before['Recall@10_val']:.1f}/{before['MRR_val']:.3f}  "
         f"final {after['Recall@1_val']:.1f}/{after['Recall@10_val']:.1f}/{after['MRR_val']:.3f}  "
@@ -138,6 +147,17 @@ def main() -> None:
         f"train {report.train_seconds:.0f}s  total {time.perf_counter() - start:.0f}s",
         flush=True,
     )
+    for folder in [args.data_path.rsplit("/", 1)[0], *args.test_datasets]:
+        test_data = RetrievalDataModule(
+            data_path=f"{folder}/random", corpus_path=f"{folder}/corpus.jsonl", max_seq_len=args.max_seq_len,
+            model_name=args.model_name, premise_text=args.premise_text,
+        )
+        logged = trainer.test(model, datamodule=test_data, verbose=False)[0]
+        cells = "  ".join(
+            f"{mode} {logged[f'Recall@1_test/{mode}']:.1f}/{logged[f'Recall@10_test/{mode}']:.1f}/{logged[f'MRR_test/{mode}']:.3f}"
+            for mode in MODES
+        )
+        print(f"test {folder}: R@1/R@10/MRR {cells}  (hybrid weight {logged['hybrid_weight_test']:.1f})", flush=True)
 
 
 if __name__ == "__main__":

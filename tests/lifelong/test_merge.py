@@ -231,3 +231,18 @@ def test_merge_two_real_lifelong_slices(tmp_path):
             assert len(parts[part]) == stats.theorems[split][part] == expected
         train = {(t["file_path"], t["full_name"]) for t in parts["train"]}
         assert not train & {(t["file_path"], t["full_name"]) for t in parts["test"] + parts["val"]}
+
+
+def test_merge_command_writes_the_union_and_reports_errors_in_one_line(sources, tmp_path, capsys):
+    from leanagent.cli import main
+
+    out = tmp_path / "merged"
+    main(["merge", "--out", str(out), str(sources[0]), str(sources[1]), "--split", "[random]"])
+    assert "merged 2 datasets" in capsys.readouterr().out
+    assert (out / "corpus.jsonl").is_file() and (out / "random" / "train.json").is_file()
+    assert not (out / "novel_premises").exists()
+    with pytest.raises(SystemExit) as stop:
+        main(["merge", "--out", str(out), str(sources[0])])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "already exists" in err and str(out) in err
