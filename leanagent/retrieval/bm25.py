@@ -142,9 +142,13 @@ def masked_topk(
 
     `in_place` fills `scores` itself, saving a [B, num_premises] copy when the caller is done with them.
     """
-    hidden = ~accessible
-    scores = scores.masked_fill_(hidden, float("-inf")) if in_place else scores.masked_fill(hidden, float("-inf"))
-    return padded_topk(scores, k)
+    return padded_topk(hide_inaccessible(scores, accessible, in_place), k)
+
+
+def hide_inaccessible(scores: torch.Tensor, accessible: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """Scores with -inf where inaccessible, in one pass (no inverted [B, N] mask), in `scores` itself if `in_place`."""
+    hidden = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+    return torch.where(accessible, scores, hidden, out=scores) if in_place else torch.where(accessible, scores, hidden)
 
 
 def padded_topk(masked_scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

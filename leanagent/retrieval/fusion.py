@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from leanagent.retrieval.bm25 import padded_topk
+from leanagent.retrieval.bm25 import hide_inaccessible, padded_topk
 
 RETRIEVAL_MODES = ("dense", "bm25", "hybrid")
 # Candidate weights of the dense side, evaluated together at the end of each validation epoch.
@@ -47,9 +47,8 @@ class Fuser:
 
     def __init__(self, dense: torch.Tensor | None, sparse: torch.Tensor | None, accessible: torch.Tensor) -> None:
         self.accessible = accessible
-        hidden = ~accessible
-        self.dense = dense.masked_fill_(hidden, float("-inf")) if dense is not None else None
-        self.sparse = sparse.float().masked_fill_(hidden, float("-inf")) if sparse is not None else None
+        self.dense = hide_inaccessible(dense, accessible, in_place=True) if dense is not None else None
+        self.sparse = hide_inaccessible(sparse.float(), accessible, in_place=True) if sparse is not None else None
         self._normalised: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, weight: float) -> torch.Tensor:
