@@ -13,7 +13,7 @@ import leanagent.models.retriever as retriever_module
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.retriever import PremiseRetriever
 from leanagent.retrieval.bm25 import masked_topk
-from leanagent.retrieval.dense import SearchCorpus, dense_scores, search_dtype
+from leanagent.retrieval.dense import SearchCorpus, dense_scores, rescore_head, search_dtype
 from leanagent.retrieval.fusion import Fuser
 
 
@@ -95,6 +95,24 @@ def test_bf16_search_ranks_well_separated_premises_as_fp32_does():
     fused = Fuser(low_scores.clone(), sparse.clone(), accessible)(0.5)
     assert fused.dtype == torch.float32 and fused.min() >= 0 and fused.max() <= 0.5 + 1e-6
     assert torch.equal(Fuser(low_scores, sparse, accessible).topk(0.5, 10)[0], planted)
+
+
+def test_rescoring_the_head_in_fp32_gives_back_the_top_10_that_bf16_near_ties_swap():
+    g = torch.Generator().manual_seed(0)
+    corpus = F.normalize(torch.randn(4000, 256, generator=g), dim=1)
+    query = F.normalize(torch.randn(64, 256, generator=g), dim=1)
+    accessible = torch.rand(64, 4000, generator=g) < 0.5
+    accessible[0] = False
+    accessible[0, :5] = True  # fewer accessible than the re-scored head: padding stays last
+    exact_ids, exact_scores = masked_topk(dense_scores(query, corpus), accessible, 20)
+    low = corpus.bfloat16()
+    plain_ids, _ = Fuser(dense_scores(query, low), None, accessible).topk(1.0, 20)
+    rescore = lambda ids, scores: rescore_head(ids, scores, query, corpus)
+    ids, scores = Fuser(dense_scores(query, low), None, accessible, rescore).topk(1.0, 20)
+    assert not torch.equal(plain_ids[:, :10], exact_ids[:, :10])  # bf16 alone swaps near-ties here
+    assert torch.equal(ids[:, :10], exact_ids[:, :10]) and scores.dtype == torch.float32
+    assert torch.allclose(scores[1:, :10], exact_scores[1:, :10])
+    assert torch.equal(ids[0, 5:], torch.full((15,), -1)) and set(ids[0, :5].tolist()) == set(range(5))
 
 
 def test_search_corpus_is_the_embeddings_themselves_in_fp32_and_one_cast_in_bf16():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
 from leanagent.models.encoder import Encoder
 from leanagent.retrieval.bm25 import BM25Index
-from leanagent.retrieval.dense import SearchCorpus, dense_scores, search_dtype
+from leanagent.retrieval.dense import SearchCorpus, dense_scores, rescore_head, search_dtype
 from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, MODE_WEIGHTS, RETRIEVAL_MODES, Fuser
 from leanagent.watchdog import beat
 
@@ -323,14 +324,17 @@ class PremiseRetriever(pl.LightningModule):
         """The batch's accessible mask and its dense and/or BM25 scores over all premises."""
         datamodule = self.trainer.datamodule
         accessible = datamodule.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
-        cosines = sparse_scores = None
+        cosines = sparse_scores = rescore = None
         if dense:
             queries = self(batch["query_ids"], batch["query_mask"])
-            cosines = dense_scores(queries, self.search_embeddings())
+            corpus = self.search_embeddings()
+            cosines = dense_scores(queries, corpus)
+            if corpus.dtype != self.corpus_embeddings.dtype:
+                rescore = functools.partial(rescore_head, queries=queries, corpus=self.corpus_embeddings)
         if sparse:
             texts = datamodule.states(self._split).states
             sparse_scores = self.bm25_index().scores([texts[i] for i in batch["index"].tolist()]).to(accessible.device)
-        return Fuser(cosines, sparse_scores, accessible)
+        return Fuser(cosines, sparse_scores, accessible, rescore)
 
     def _mode_weight(self, mode: str) -> float:
         return MODE_WEIGHTS.get(mode, self.current_hybrid_weight)
@@ -340,8 +344,9 @@ class PremiseRetriever(pl.LightningModule):
         """Top `num_retrieved` accessible premises per query by `mode` (default `retrieval`): one masked top-k.
 
         A query with fewer accessible premises than `num_retrieved` gets all of them; the rest are -1.
-        Hybrid scores are the fused normalised scores (in [0, 1]), not cosines or BM25 scores;
-        dense scores are cosines in the search dtype (bf16 under `bf16-mixed`).
+        Hybrid scores are the fused normalised scores (in [0, 1]), not cosines or BM25 scores.
+        Dense scores are cosines; under `bf16-mixed` the search runs in bf16 and its first
+        `EXACT_HEAD` candidates are re-scored and re-sorted in float32 (leanagent/retrieval/dense.py).
         """
         mode = mode or self.retrieval
         weight = self._mode_weight(mode)

@@ -13,6 +13,8 @@ own ranking; normalisation for hybrid is computed in float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from leanagent.retrieval.bm25 import hide_inaccessible, padded_topk
@@ -43,10 +45,19 @@ class Fuser:
 
     The score tensors are taken over: they are filled with -inf in place where inaccessible (the
     retriever computes them for this batch alone), which saves a [B, num_premises] copy each.
+    `rescore_dense`, if given, refines the dense top-k (the retriever's float32 re-scoring of the
+    head of a bf16 search, leanagent/retrieval/dense.py).
     """
 
-    def __init__(self, dense: torch.Tensor | None, sparse: torch.Tensor | None, accessible: torch.Tensor) -> None:
+    def __init__(
+        self,
+        dense: torch.Tensor | None,
+        sparse: torch.Tensor | None,
+        accessible: torch.Tensor,
+        rescore_dense: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
         self.accessible = accessible
+        self.rescore_dense = rescore_dense
         self.dense = hide_inaccessible(dense, accessible, in_place=True) if dense is not None else None
         self.sparse = hide_inaccessible(sparse.float(), accessible, in_place=True) if sparse is not None else None
         self._normalised: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -64,7 +75,10 @@ class Fuser:
 
     def topk(self, weight: float, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """`masked_topk` of the scores at `weight`, without masking them again."""
-        return padded_topk(self(weight), k)
+        ids, scores = padded_topk(self(weight), k)
+        if weight == 1.0 and self.rescore_dense is not None:
+            return self.rescore_dense(ids, scores)
+        return ids, scores
 
 
 def fuse(dense: torch.Tensor, sparse: torch.Tensor, accessible: torch.Tensor, weight: float) -> torch.Tensor:
