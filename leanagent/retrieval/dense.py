@@ -1,7 +1,7 @@
 """Dense search: query embeddings against the corpus embeddings, in the dtype evaluation runs in.
 
 Under `bf16-mixed`, autocast casts both operands of `queries @ corpus.T` to bf16 on every call, so
-a [40k, 1472] corpus was cast again for every batch (3.8x the cost of the bf16 search itself).
+a [40k, 1472] corpus was cast again for every batch (3-4x the cost of the bf16 search itself).
 The retriever casts the corpus once to `search_dtype` and `dense_scores` multiplies in that dtype:
 the same rounding autocast applies, so the same scores, without the per-batch cast.
 

@@ -7,8 +7,8 @@ and w = 1 exactly the dense one (the raw scores are returned, so not even ties m
 is chosen on the validation split from `HYBRID_GRID` and stored in the checkpoint with the
 fingerprint of the corpus it was chosen on; elsewhere hybrid uses `DEFAULT_HYBRID_WEIGHT` (BM25).
 
-Dense scores keep their dtype (bf16 under `bf16-mixed`) for the dense ranking, so it is the search's
-own ranking; normalisation for hybrid is computed in float32.
+Dense scores keep the search's dtype (bf16 under `bf16-mixed`, whose top candidates the retriever
+re-scores in float32, leanagent/retrieval/dense.py); hybrid normalises them in float32.
 """
 
 from __future__ import annotations
