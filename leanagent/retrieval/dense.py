@@ -9,7 +9,7 @@ bf16 keeps 8 bits of mantissa, so premises whose cosines differ by less than abo
 tie or swap: with random 1472-d embeddings 5-15% of queries got a top 10 other than exact float32
 search's (benchmarks/search.py). `rescore_head` re-scores the first `EXACT_HEAD` candidates with the
 float32 embeddings and re-sorts them, which restored exact float32's top 10 on every query measured
-at 40k and 100k premises for about a tenth of the search's time.
+(3k, 40k and 100k premises) for 0.2-0.3 ms per query on a loaded 2-core CPU (10-25% of the bf16 search).
 """
 
 from __future__ import annotations
