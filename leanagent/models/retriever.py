@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterator
@@ -20,7 +21,8 @@ from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
 from leanagent.models.chunking import length_chunks
 from leanagent.models.encoder import Encoder
-from leanagent.retrieval.bm25 import BM25Index, masked_topk
+from leanagent.retrieval.bm25 import BM25Index
+from leanagent.retrieval.dense import SearchCorpus, dense_scores, rescore_head, search_dtype
 from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, MODE_WEIGHTS, RETRIEVAL_MODES, Fuser
 from leanagent.watchdog import beat
 
@@ -165,6 +167,7 @@ class PremiseRetriever(pl.LightningModule):
         self.ewc = build_ewc(fisher_path, ewc_lambda, ewc_form, dict(self.encoder_parameters()))
         self.corpus_embeddings: torch.Tensor | None = None
         self._embedded_at: tuple | None = None
+        self._search_corpus = SearchCorpus()
         self._fit_start_epoch = 0
         self._fit_start_step = 0
         self.resume_position: tuple[int, int] | None = None
@@ -211,6 +214,7 @@ class PremiseRetriever(pl.LightningModule):
     def on_train_epoch_start(self) -> None:
         # New negatives each epoch come from the training sampler's set_epoch (see EpochShuffledSampler).
         self.corpus_embeddings = None
+        self._search_corpus.clear()
 
     def fit_steps(self) -> int:
         """Optimizer steps of the fit being run: from its first epoch to `max_epochs` (or `max_steps`)."""
@@ -300,8 +304,17 @@ class PremiseRetriever(pl.LightningModule):
         weights = tuple((p.data_ptr(), p._version) for p in self.encoder.parameters())
         key = (weights, self.trainer.datamodule.corpus_fingerprint, str(self.device))
         if self.corpus_embeddings is None or self._embedded_at != key:
+            self._search_corpus.clear()
             self.corpus_embeddings = self.embed_corpus()
             self._embedded_at = key
+
+    def search_embeddings(self) -> torch.Tensor:
+        """The corpus embeddings in the dtype this step's matmul runs in (bf16 under `bf16-mixed`).
+
+        Cast on the first batch of an evaluation (hooks outside the steps run without autocast) and
+        kept, so no batch casts the [num_premises, dim] matrix again.
+        """
+        return self._search_corpus.get(self.corpus_embeddings, search_dtype(self.device))
 
     # Retrieval: dense, BM25 or hybrid scores over accessible premises, one masked top-k per batch.
     @property
@@ -332,14 +345,17 @@ class PremiseRetriever(pl.LightningModule):
         """The batch's accessible mask and its dense and/or BM25 scores over all premises."""
         datamodule = self.trainer.datamodule
         accessible = datamodule.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
-        dense_scores = sparse_scores = None
+        cosines = sparse_scores = rescore = None
         if dense:
             queries = self(batch["query_ids"], batch["query_mask"])
-            dense_scores = queries @ self.corpus_embeddings.T
+            corpus = self.search_embeddings()
+            cosines = dense_scores(queries, corpus)
+            if corpus.dtype != self.corpus_embeddings.dtype:
+                rescore = functools.partial(rescore_head, queries=queries, corpus=self.corpus_embeddings)
         if sparse:
             texts = datamodule.states(self._split).states
             sparse_scores = self.bm25_index().scores([texts[i] for i in batch["index"].tolist()]).to(accessible.device)
-        return Fuser(dense_scores, sparse_scores, accessible)
+        return Fuser(cosines, sparse_scores, accessible, rescore)
 
     def _mode_weight(self, mode: str) -> float:
         return MODE_WEIGHTS.get(mode, self.current_hybrid_weight)
@@ -350,11 +366,13 @@ class PremiseRetriever(pl.LightningModule):
 
         A query with fewer accessible premises than `num_retrieved` gets all of them; the rest are -1.
         Hybrid scores are the fused normalised scores (in [0, 1]), not cosines or BM25 scores.
+        Dense scores are cosines; under `bf16-mixed` the search runs in bf16 and its first
+        `EXACT_HEAD` candidates are re-scored and re-sorted in float32 (leanagent/retrieval/dense.py).
         """
         mode = mode or self.retrieval
         weight = self._mode_weight(mode)
         fuser = self._fuser(batch, dense=weight > 0, sparse=weight < 1)
-        return masked_topk(fuser(weight), fuser.accessible, self.num_retrieved)
+        return fuser.topk(weight, self.num_retrieved)
 
     # Evaluation: per-example metrics stored by example index, summed over ranks once per epoch.
     # Columns are fusion weights: on val the whole HYBRID_GRID (1 = dense, 0 = BM25), on test
@@ -373,7 +391,7 @@ class PremiseRetriever(pl.LightningModule):
         fuser = self._fuser(batch)
         ks = recall_ks(self.num_retrieved)
         for column, weight in enumerate(self._eval_weights):
-            retrieved, _ = masked_topk(fuser(weight), fuser.accessible, self.num_retrieved)
+            retrieved, _ = fuser.topk(weight, self.num_retrieved)
             self._eval_values[batch["index"], column] = retrieval_metrics(retrieved, batch["positives"], ks).to(self.device)
         self._eval_seen[batch["index"]] = 1.0
 

@@ -135,10 +135,24 @@ class BM25Index:
         return torch.from_numpy(dense.astype(np.float32, copy=False))
 
 
-def masked_topk(scores: torch.Tensor, accessible: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k accessible premises per row; -1 (and score -inf) where a row has fewer than k accessible."""
-    scores = scores.masked_fill(~accessible, float("-inf"))
-    k = min(k, scores.shape[1])
-    top_scores, top_ids = scores.topk(k, dim=1)
-    top_ids = torch.where(torch.isfinite(top_scores), top_ids, torch.full_like(top_ids, -1))
-    return top_ids, top_scores
+def masked_topk(
+    scores: torch.Tensor, accessible: torch.Tensor, k: int, in_place: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k accessible premises per row; -1 (and score -inf) where a row has fewer than k accessible.
+
+    `in_place` fills `scores` itself, saving a [B, num_premises] copy when the caller is done with them.
+    """
+    return padded_topk(hide_inaccessible(scores, accessible, in_place), k)
+
+
+def hide_inaccessible(scores: torch.Tensor, accessible: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """Scores with -inf where inaccessible, in one pass (no inverted [B, N] mask), in `scores` itself if `in_place`."""
+    hidden = torch.tensor(float("-inf"), dtype=scores.dtype, device=scores.device)
+    return torch.where(accessible, scores, hidden, out=scores) if in_place else torch.where(accessible, scores, hidden)
+
+
+def padded_topk(masked_scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of scores that are already -inf where inaccessible; ids are -1 where the score is not finite."""
+    k = min(k, masked_scores.shape[1])
+    top_scores, top_ids = masked_scores.topk(k, dim=1)
+    return top_ids.masked_fill_(~torch.isfinite(top_scores), -1), top_scores

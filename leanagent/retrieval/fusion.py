@@ -6,11 +6,18 @@ with min and max taken over each query's accessible premises. w = 0 is exactly t
 and w = 1 exactly the dense one (the raw scores are returned, so not even ties move). The weight
 is chosen on the validation split from `HYBRID_GRID` and stored in the checkpoint with the
 fingerprint of the corpus it was chosen on; elsewhere hybrid uses `DEFAULT_HYBRID_WEIGHT` (BM25).
+
+Dense scores keep the search's dtype (bf16 under `bf16-mixed`, whose top candidates the retriever
+re-scores in float32, leanagent/retrieval/dense.py); hybrid normalises them in float32.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
+
+from leanagent.retrieval.bm25 import hide_inaccessible, padded_topk
 
 RETRIEVAL_MODES = ("dense", "bm25", "hybrid")
 # Candidate weights of the dense side, evaluated together at the end of each validation epoch.
@@ -34,12 +41,25 @@ def normalise(scores: torch.Tensor, accessible: torch.Tensor) -> torch.Tensor:
 
 
 class Fuser:
-    """Normalises a batch's dense and BM25 scores once, then fuses them at any weight."""
+    """Masks a batch's dense and BM25 scores once, normalises them once, then fuses them at any weight.
 
-    def __init__(self, dense: torch.Tensor | None, sparse: torch.Tensor | None, accessible: torch.Tensor) -> None:
+    The score tensors are taken over: they are filled with -inf in place where inaccessible (the
+    retriever computes them for this batch alone), which saves a [B, num_premises] copy each.
+    `rescore_dense`, if given, refines the dense top-k (the retriever's float32 re-scoring of the
+    head of a bf16 search, leanagent/retrieval/dense.py).
+    """
+
+    def __init__(
+        self,
+        dense: torch.Tensor | None,
+        sparse: torch.Tensor | None,
+        accessible: torch.Tensor,
+        rescore_dense: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> None:
         self.accessible = accessible
-        self.dense = dense.float().masked_fill(~accessible, float("-inf")) if dense is not None else None
-        self.sparse = sparse.float().masked_fill(~accessible, float("-inf")) if sparse is not None else None
+        self.rescore_dense = rescore_dense
+        self.dense = hide_inaccessible(dense, accessible, in_place=True) if dense is not None else None
+        self.sparse = hide_inaccessible(sparse.float(), accessible, in_place=True) if sparse is not None else None
         self._normalised: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, weight: float) -> torch.Tensor:
@@ -53,6 +73,13 @@ class Fuser:
         dense, sparse = self._normalised
         return weight * dense + (1.0 - weight) * sparse
 
+    def topk(self, weight: float, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`masked_topk` of the scores at `weight`, without masking them again."""
+        ids, scores = padded_topk(self(weight), k)
+        if weight == 1.0 and self.rescore_dense is not None:
+            return self.rescore_dense(ids, scores)
+        return ids, scores
+
 
 def fuse(dense: torch.Tensor, sparse: torch.Tensor, accessible: torch.Tensor, weight: float) -> torch.Tensor:
-    return Fuser(dense, sparse, accessible)(weight)
+    return Fuser(dense.clone(), sparse.clone(), accessible)(weight)
