@@ -6,7 +6,8 @@
 For each dataset, in one process on one device: `test` first, with the checkpoint's hybrid weight
 (chosen on the validation split it was trained with; on another corpus hybrid is BM25, weight 0),
 then `validate`, which chooses the weight again on that dataset's own validation split (as
-`validate` always does) and prints R@10/MRR at every candidate weight.
+`validate` always does) and prints R@10/MRR at every candidate weight, then `test` again with that
+weight (split `test*`): what a user gets after running `validate` on a new project's own val split.
 Prints one row per dataset, split and mode, and the wall time of each evaluation (corpus
 embedding, BM25 index and all three rankings included).
 """
@@ -44,16 +45,20 @@ def main() -> None:
             data_path=str(dataset / args.split_dir), corpus_path=str(dataset / "corpus.jsonl"),
             eval_batch_size=args.eval_batch_size, max_seq_len=model.hparams.max_seq_len, model_name=model.model_name,
         )
-        for split, run in (("test", trainer.test), ("val", trainer.validate)):
+        for split, run in (("test", trainer.test), ("val", trainer.validate), ("test*", trainer.test)):
             start = time.perf_counter()
             logged = run(model, datamodule=datamodule, verbose=False)[0]
             elapsed = time.perf_counter() - start
-            weight = logged[f"hybrid_weight_{split}"]
+            key = split.rstrip("*")
+            weight = logged[f"hybrid_weight_{key}"]
             for mode in RETRIEVAL_MODES:
-                values = [logged[f"{m}_{split}/{mode}"] for m in ("Recall@1", "Recall@10", "MRR")]
+                if split == "test*" and mode != "hybrid":
+                    continue  # dense and BM25 do not depend on the weight
+                values = [logged[f"{m}_{key}/{mode}"] for m in ("Recall@1", "Recall@10", "MRR")]
                 rows.append((dataset.name, split, mode, *values, weight if mode == "hybrid" else None, elapsed))
             print(f"{dataset.name} {split}: {elapsed:.0f} s (checkpoint weight {stored})", flush=True)
-        grid = "  ".join(f"{w:.1f}: {v[1]:.1f}/{v[2]:.3f}" for w, v in sorted(model.eval_by_weight.items()))
+            if split == "val":
+                grid = "  ".join(f"{w:.1f}: {v[1]:.1f}/{v[2]:.3f}" for w, v in sorted(model.eval_by_weight.items()))
         grids.append(f"{dataset.name} val, R@10/MRR by dense weight: {grid}")
         _table(args, rows, grids)  # after each dataset, so a long run shows what it has
 
