@@ -13,7 +13,7 @@ from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.errors import LeanAgentError
 from leanagent.models.fisher import load_retriever
 from leanagent.models.retriever import PremiseRetriever
-from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, Fuser, normalise
+from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, Fuser, choose_weight, normalise
 from tests.conftest import REPO, run_cli
 
 
@@ -51,21 +51,45 @@ def test_normalise_maps_accessible_scores_to_the_unit_interval():
     assert torch.equal(flat, torch.zeros(2, 5))  # all equal: no division by zero
 
 
-def test_choose_weight_takes_the_best_recall_at_10_and_the_smallest_weight_on_ties():
-    metrics = {w: torch.tensor([10.0, 50.0, 0.3]) for w in HYBRID_GRID}  # [R@1, R@10, MRR]
-    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.0
-    metrics[0.6] = torch.tensor([11.0, 60.0, 0.31])
-    metrics[0.7] = torch.tensor([11.0, 60.0, 0.32])
-    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.7
+def _examples(*rows, n=40):
+    """Per-example [n, 3] metrics (R@1, R@10, MRR) whose means are `rows`, spread like real 0/100 recalls."""
+    out = []
+    for r1, r10, mrr in rows:
+        hits1 = torch.zeros(n)
+        hits1[: round(r1 / 100 * n)] = 100.0
+        hits10 = torch.zeros(n)
+        hits10[: round(r10 / 100 * n)] = 100.0
+        out.append(torch.stack([hits1, hits10, torch.full((n,), mrr)], dim=1))
+    return out
+
+
+def test_choose_weight_takes_the_best_clear_gain_and_the_smallest_weight_on_ties():
+    base, = _examples((10.0, 50.0, 0.3))
+    per_example = {w: base.clone() for w in HYBRID_GRID}
+    assert choose_weight(per_example) == 0.0
+    per_example[0.6], per_example[0.7] = _examples((20.0, 80.0, 0.4), (20.0, 80.0, 0.45))
+    assert choose_weight(per_example) == 0.7
+    per_example[0.8] = per_example[0.7].clone()
+    assert choose_weight(per_example) == 0.7
 
 
 def test_choose_weight_never_trades_a_bm25_metric_for_recall_at_10():
-    metrics = {w: torch.tensor([10.0, 50.0, 0.3]) for w in HYBRID_GRID}
-    metrics[0.8] = torch.tensor([9.9, 70.0, 0.35])  # better R@10 and MRR, worse R@1 than BM25
-    metrics[0.4] = torch.tensor([10.0, 55.0, 0.3])
-    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.4
-    metrics[0.4] = torch.tensor([10.0, 55.0, 0.29])
-    assert PremiseRetriever.choose_hybrid_weight(metrics) == 0.0
+    base, = _examples((10.0, 50.0, 0.3))
+    per_example = {w: base.clone() for w in HYBRID_GRID}
+    per_example[0.8], per_example[0.4] = _examples((7.5, 90.0, 0.5), (10.0, 75.0, 0.3))
+    assert choose_weight(per_example) == 0.4  # 0.8 has the best R@10 but loses R@1
+    per_example[0.4][:, 2] = 0.29
+    assert choose_weight(per_example) == 0.0
+
+
+def test_choose_weight_ignores_a_gain_within_the_noise_of_a_small_split():
+    # One example of 27 better on every metric (what one lucky state looks like): not enough to leave BM25.
+    base, better = _examples((10.0, 50.0, 0.3), (10.0, 50.0, 0.3), n=27)
+    better[-1] = torch.tensor([100.0, 100.0, 1.0])
+    per_example = {w: base.clone() for w in HYBRID_GRID}
+    per_example[0.5] = better
+    assert choose_weight(per_example) == 0.0
+    assert choose_weight(per_example, min_gain_z=0.0) == 0.5
 
 
 def test_unknown_retrieval_mode_is_rejected():

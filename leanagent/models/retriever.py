@@ -23,7 +23,7 @@ from leanagent.models.chunking import length_chunks
 from leanagent.models.encoder import Encoder
 from leanagent.retrieval.bm25 import BM25Index
 from leanagent.retrieval.dense import SearchCorpus, dense_scores, rescore_head, search_dtype
-from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, MODE_WEIGHTS, RETRIEVAL_MODES, Fuser
+from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, MODE_WEIGHTS, RETRIEVAL_MODES, Fuser, choose_weight
 from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")
@@ -409,7 +409,8 @@ class PremiseRetriever(pl.LightningModule):
         by_weight = {w: means[c] for c, w in enumerate(self._eval_weights)}
         self.eval_by_weight = {w: [float(v) for v in values] for w, values in by_weight.items()}  # for benchmarks
         if suffix == "val" and not self.trainer.sanity_checking:
-            self.hybrid_weight = self.choose_hybrid_weight(by_weight)
+            examples = per_example[with_positives, :, :-1]
+            self.hybrid_weight = choose_weight({w: examples[:, c] for c, w in enumerate(self._eval_weights)})
             self.hybrid_corpus = self.trainer.datamodule.corpus_fingerprint
         by_mode = {mode: by_weight[self._mode_weight(mode)] for mode in RETRIEVAL_MODES}
         results = {f"{name}_{suffix}": float(v) for name, v in zip(names, by_mode[self.retrieval])}
@@ -420,20 +421,6 @@ class PremiseRetriever(pl.LightningModule):
             self.log(name, value, prog_bar=name == f"Recall@10_{suffix}", sync_dist=True)
         self.log(f"num_evaluated_{suffix}", float(count), sync_dist=True)
         return results
-
-    @staticmethod
-    def choose_hybrid_weight(by_weight: dict[float, torch.Tensor]) -> float:
-        """The grid weight with the best (Recall@10, MRR, Recall@1) among those no worse than BM25 on any of them.
-
-        BM25 (weight 0) always qualifies, so hybrid is never below BM25 on the split it was chosen on;
-        on ties the smallest weight (closest to BM25) wins. Columns are `metric_names(num_retrieved)`:
-        Recall@1, [Recall@min(10, n)], MRR.
-        """
-        width = len(next(iter(by_weight.values())))
-        order = [max(0, width - 2), width - 1, 0]
-        bm25 = [float(v) for v in by_weight[0.0]] if 0.0 in by_weight else None
-        allowed = [w for w in sorted(by_weight) if bm25 is None or all(float(v) >= b for v, b in zip(by_weight[w], bm25))]
-        return max(allowed, key=lambda w: tuple(float(by_weight[w][i]) for i in order) + (-w,))
 
     def on_validation_epoch_start(self) -> None:
         self._start_eval("val")
