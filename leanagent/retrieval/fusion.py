@@ -41,7 +41,7 @@ def choose_weight(per_example: dict[float, torch.Tensor], min_gain_z: float = MI
     as `metric_names` gives them). A weight qualifies when its mean is at least BM25's on every metric
     and its paired gain in Recall@1 + Recall@k + 100 MRR is at least `min_gain_z` standard errors:
     on a small validation split a gain of one or two examples is noise, and a weight chosen on noise
-    falls below BM25 on test (measured on a 27-state split). Among qualifying weights the best
+    falls below BM25 on test (measured in a lifelong run, README). Among qualifying weights the best
     (Recall@k, MRR, Recall@1) wins, the smallest on ties.
     """
     if 0.0 not in per_example:
