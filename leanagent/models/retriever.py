@@ -23,7 +23,14 @@ from leanagent.models.chunking import length_chunks
 from leanagent.models.encoder import Encoder
 from leanagent.retrieval.bm25 import BM25Index
 from leanagent.retrieval.dense import SearchCorpus, dense_scores, rescore_head, search_dtype
-from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, MODE_WEIGHTS, RETRIEVAL_MODES, Fuser, choose_weight
+from leanagent.retrieval.fusion import (
+    DEFAULT_HYBRID_WEIGHT,
+    HYBRID_GRID,
+    MODE_WEIGHTS,
+    RETRIEVAL_MODES,
+    Fuser,
+    choose_weight,
+)
 from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")

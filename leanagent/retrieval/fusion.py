@@ -116,6 +116,3 @@ class Fuser:
             return self.rescore_dense(ids, scores)
         return ids, scores
 
-
-def fuse(dense: torch.Tensor, sparse: torch.Tensor, accessible: torch.Tensor, weight: float) -> torch.Tensor:
-    return Fuser(dense.clone(), sparse.clone(), accessible)(weight)
