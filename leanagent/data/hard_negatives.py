@@ -15,7 +15,7 @@ import torch
 
 from leanagent.data.corpus import Corpus
 from leanagent.data.tactics import TacticStates
-from leanagent.retrieval.bm25 import BM25Index
+from leanagent.retrieval.bm25 import BM25Index, masked_topk
 
 log = logging.getLogger("leanagent")
 
@@ -48,8 +48,7 @@ def mine_hard_negatives(
         # Positives of every tactic sharing the state are excluded, not only the first one's.
         for j, i in enumerate(ids.tolist()):
             allowed[j, used[i]] = False
-        top_scores, top_ids = scores.masked_fill(~allowed, float("-inf")).topk(min(pool, scores.shape[1]), dim=1)
-        top_ids = torch.where(torch.isfinite(top_scores), top_ids, torch.full_like(top_ids, -1))
+        top_ids, _ = masked_topk(scores, allowed, pool, in_place=True)
         out[ids, : top_ids.shape[1]] = top_ids.numpy()
     out = out[rows]
     log.info(
