@@ -10,6 +10,7 @@ import yaml
 
 from leanagent.cli import LeanAgentCLI
 from leanagent.distributed import ONE_YEAR
+from leanagent.models.encoder import is_preset
 from tests.conftest import REPO, run_cli
 
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -39,7 +40,7 @@ def test_config_parses_and_resolves_the_strategy(config: Path, clean_env, tmp_pa
     if not (REPO / raw.get("data", {}).get("corpus_path", "data/batteries/corpus.jsonl")).exists():
         # Recipes for data a user downloads or merges first: parsed here against the bundled dataset.
         overrides += ["--data.data_path=data/batteries/random", "--data.corpus_path=data/batteries/corpus.jsonl"]
-    if raw["model"].get("init_args", {}).get("model_name", "byt5-tiny").startswith("google/"):
+    if not is_preset(raw["model"].get("init_args", {}).get("model_name", "byt5-tiny")):
         overrides.append("--model.init_args.model_name=byt5-tiny")  # no download in tests
     if "FisherInformation" in config.read_text():
         overrides.append(f"--model.init_args.ckpt_path={retriever_checkpoint}")
