@@ -38,7 +38,7 @@ def main() -> None:
     rows, grids = [], []
     for dataset in args.datasets:
         model = load_retriever(args.checkpoint)  # fresh per dataset: the checkpoint's own hybrid weight
-        stored = model.hybrid_weight
+        stored = sorted(model.hybrid_weights.values())
         trainer = pl.Trainer(accelerator="auto", devices=1, precision=args.precision, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         datamodule = RetrievalDataModule(
@@ -54,9 +54,10 @@ def main() -> None:
             for mode in RETRIEVAL_MODES:
                 if split == "test*" and mode != "hybrid":
                     continue  # dense and BM25 do not depend on the weight
-                values = [logged[f"{m}_{key}/{mode}"] for m in ("Recall@1", "Recall@10", "MRR")]
+                suffix = "" if mode == "dense" else f"/{mode}"  # the plain names are the dense ranking
+                values = [logged[f"{m}_{key}{suffix}"] for m in ("Recall@1", "Recall@10", "MRR")]
                 rows.append((dataset.name, split, mode, *values, weight if mode == "hybrid" else None, elapsed))
-            print(f"{dataset.name} {split}: {elapsed:.0f} s (checkpoint weight {stored})", flush=True)
+            print(f"{dataset.name} {split}: {elapsed:.0f} s (checkpoint weights {stored})", flush=True)
             if split == "val":
                 grid = "  ".join(f"{w:.1f}: {v[1]:.1f}/{v[2]:.3f}" for w, v in sorted(model.eval_by_weight.items()))
         grids.append(f"{dataset.name} val, R@10/MRR by dense weight: {grid}")
@@ -66,7 +67,7 @@ def main() -> None:
 def _table(args: argparse.Namespace, rows: list[tuple], grids: list[str]) -> None:
     print("\n" + "\n".join(grids))
     print(f"\ncheckpoint {args.checkpoint}, split folder {args.split_dir}; hybrid weight: test = the checkpoint's "
-          "(0 = BM25 on a corpus other than the one it was chosen on), val = chosen on this val split")
+          "(0 = BM25 on premises other than those it was chosen on), val = chosen on this val split")
     print(f"| {'dataset':<20} | split | mode   |   R@1 |  R@10 |   MRR | weight | wall s |")
     print(f"|{'-' * 22}|-------|--------|-------|-------|-------|--------|--------|")
     for name, split, mode, r1, r10, mrr, weight, elapsed in rows:

@@ -52,7 +52,7 @@ class Report(pl.Callback):
         row = {
             "epoch": trainer.current_epoch + 1 if fitting else 0,
             "steps": trainer.global_step,
-            **{name: float(trainer.callback_metrics[f"{name}/dense"]) for name in METRICS},
+            **{name: float(trainer.callback_metrics[name]) for name in METRICS},  # plain names: dense
             "hybrid": [float(trainer.callback_metrics[f"{name}/hybrid"]) for name in METRICS],
             "train_s": self._epoch_train,
             "val_s": time.perf_counter() - self._val_start,
@@ -153,10 +153,12 @@ def main() -> None:
             model_name=args.model_name, premise_text=args.premise_text,
         )
         logged = trainer.test(model, datamodule=test_data, verbose=False)[0]
-        cells = "  ".join(
-            f"{mode} {logged[f'Recall@1_test/{mode}']:.1f}/{logged[f'Recall@10_test/{mode}']:.1f}/{logged[f'MRR_test/{mode}']:.3f}"
-            for mode in MODES
-        )
+        def cell(mode: str) -> str:
+            suffix = "" if mode == "dense" else f"/{mode}"  # the plain names are the dense ranking
+            r1, r10, mrr = (logged[f"{m}_test{suffix}"] for m in ("Recall@1", "Recall@10", "MRR"))
+            return f"{mode} {r1:.1f}/{r10:.1f}/{mrr:.3f}"
+
+        cells = "  ".join(cell(mode) for mode in MODES)
         print(f"test {folder}: R@1/R@10/MRR {cells}  (hybrid weight {logged['hybrid_weight_test']:.1f})", flush=True)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -106,42 +108,55 @@ def _datamodule(dataset: Path) -> RetrievalDataModule:
     return RetrievalDataModule(data_path=str(dataset / "random"), corpus_path=str(dataset / "corpus.jsonl"), max_seq_len=64)
 
 
-def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint(mini_dataset, toy_dataset, tmp_path):
+def _reserialised(dataset: Path, target: Path) -> Path:
+    """The same premises and splits, with corpus.jsonl written with other bytes (key order, spacing)."""
+    shutil.copytree(dataset, target)
+    lines = (dataset / "corpus.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip()]
+    (target / "corpus.jsonl").write_text("".join(json.dumps(r, sort_keys=True, indent=None, separators=(", ", " : ")) + "\n" for r in records))
+    assert (target / "corpus.jsonl").read_bytes() != (dataset / "corpus.jsonl").read_bytes()
+    return target
+
+
+def test_validate_logs_dense_under_the_plain_names_and_the_weight_travels_by_premise_set(mini_dataset, toy_dataset, tmp_path):
     pl.seed_everything(0)
     model = PremiseRetriever(max_seq_len=64, num_retrieved=20)
-    assert model.hybrid_weight is None and model.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
+    assert model.hybrid_weights == {} and model.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
     trainer = _trainer()
-    logged = trainer.validate(model, datamodule=_datamodule(mini_dataset), verbose=False)[0]
-    for mode in ("dense", "bm25", "hybrid"):
-        assert {f"Recall@1_val/{mode}", f"Recall@10_val/{mode}", f"MRR_val/{mode}"} <= set(logged)
-    assert logged["Recall@10_val"] == logged["Recall@10_val/hybrid"]  # the default mode keeps the plain name
-    assert logged["Recall@10_val/hybrid"] >= logged["Recall@10_val/bm25"]  # weight 0 is in the grid
-    assert logged["Recall@10_val/hybrid"] >= logged["Recall@10_val/dense"]  # and so is weight 1
-    assert model.hybrid_weight in HYBRID_GRID and logged["hybrid_weight_val"] == pytest.approx(model.hybrid_weight)
+    datamodule = _datamodule(mini_dataset)
+    logged = trainer.validate(model, datamodule=datamodule, verbose=False)[0]
+    assert {"Recall@1_val/bm25", "Recall@10_val/hybrid", "MRR_val/hybrid"} <= set(logged)
+    assert not any(name.endswith("/dense") for name in logged)  # the plain names are the dense ranking
+    dense = model.eval_by_weight[1.0]
+    assert [logged["Recall@1_val"], logged["Recall@10_val"], logged["MRR_val"]] == pytest.approx(dense)
+    assert logged["Recall@10_val"] != logged["Recall@10_val/bm25"]  # really another ranking than BM25's
+    key = datamodule.corpus.premise_set_key
+    assert set(model.hybrid_weights) == {key} and model.hybrid_weights[key] in HYBRID_GRID
+    assert logged["hybrid_weight_val"] == pytest.approx(model.hybrid_weights[key])
 
-    model.hybrid_weight = 0.7  # a weight no fresh model has, so the round trip is observable
+    model.hybrid_weights[key] = 0.7  # a weight no fresh model has, so the round trip is observable
     path = tmp_path / "with_weight.ckpt"
     trainer.save_checkpoint(path)
-    assert torch.load(path, weights_only=True)["hybrid_weight"] == 0.7
-    assert load_retriever(path).hybrid_weight == 0.7
-    # An older checkpoint (no weight) loads and falls back to the documented default.
+    assert torch.load(path, weights_only=True)["hybrid_weights"] == {key: 0.7}
+    assert load_retriever(path).hybrid_weights == {key: 0.7}
+    # An older checkpoint (one weight keyed by the corpus file's bytes) loads with no weight that counts.
     checkpoint = torch.load(path, weights_only=True)
-    assert checkpoint["hybrid_corpus"] == _datamodule(mini_dataset).corpus_fingerprint
-    del checkpoint["hybrid_corpus"]  # a weight without the corpus it was chosen on does not count
-    torch.save(checkpoint, tmp_path / "no_corpus.ckpt")
-    assert load_retriever(tmp_path / "no_corpus.ckpt").hybrid_weight is None
-    del checkpoint["hybrid_weight"]
+    del checkpoint["hybrid_weights"]
+    checkpoint.update(hybrid_weight=0.7, hybrid_corpus=datamodule.corpus_fingerprint)
     torch.save(checkpoint, tmp_path / "old.ckpt")
     old = load_retriever(tmp_path / "old.ckpt")
-    assert old.hybrid_weight is None and old.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
+    assert old.hybrid_weights == {} and old.current_hybrid_weight == DEFAULT_HYBRID_WEIGHT
 
-    # test uses the stored weight: its hybrid column is fused at 0.7, between the two extremes.
+    # test uses the stored weight: its hybrid column is fused at 0.7, and test never re-chooses it.
     restored = load_retriever(path)
     restored.num_retrieved = 20
     tested = trainer.test(restored, datamodule=_datamodule(mini_dataset), verbose=False)[0]
-    assert tested["hybrid_weight_test"] == pytest.approx(0.7)
-    assert restored.hybrid_weight == 0.7  # test never re-chooses the weight
-    # On another corpus the weight does not apply: hybrid falls back to BM25 there.
+    assert tested["hybrid_weight_test"] == pytest.approx(0.7) and restored.hybrid_weights == {key: 0.7}
+    # The same premises in a corpus file of other bytes keep the weight ...
+    same = trainer.test(restored, datamodule=_datamodule(_reserialised(mini_dataset, tmp_path / "again")), verbose=False)[0]
+    assert same["hybrid_weight_test"] == pytest.approx(0.7)
+    assert same["Recall@10_test/hybrid"] == pytest.approx(tested["Recall@10_test/hybrid"])
+    # ... and on other premises it does not apply: hybrid falls back to BM25 there.
     elsewhere = trainer.test(restored, datamodule=_datamodule(toy_dataset), verbose=False)[0]
     assert elsewhere["hybrid_weight_test"] == DEFAULT_HYBRID_WEIGHT == 0.0
     assert elsewhere["Recall@10_test/hybrid"] == elsewhere["Recall@10_test/bm25"]
@@ -149,13 +164,13 @@ def test_validate_logs_all_modes_and_the_chosen_weight_travels_in_the_checkpoint
 
 
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
-def test_the_plain_metric_names_and_predict_follow_the_retrieval_mode(mode, toy_dataset):
+def test_the_plain_names_are_dense_whatever_predict_writes(mode, toy_dataset):
     pl.seed_everything(0)
     model = PremiseRetriever(max_seq_len=64, num_retrieved=5, retrieval=mode)
     trainer = _trainer()
     logged = trainer.test(model, datamodule=_datamodule(toy_dataset), verbose=False)[0]
-    for metric in ("Recall@1", "Recall@5", "MRR"):  # 5 retrieved: Recall@5, not Recall@10
-        assert logged[f"{metric}_test"] == logged[f"{metric}_test/{mode}"]
+    for metric, value in zip(("Recall@1", "Recall@5", "MRR"), model.eval_by_weight[1.0]):  # 5 retrieved: Recall@5
+        assert logged[f"{metric}_test"] == pytest.approx(value)
     datamodule = _datamodule(toy_dataset)
     predicted = trainer.predict(model, datamodule=datamodule)
     batch = next(iter(datamodule.predict_dataloader()))
@@ -176,19 +191,27 @@ def test_cli_validate_logs_dense_bm25_and_hybrid_and_the_command_line_mode_wins(
         result = run_cli([*common, f"--model.init_args.retrieval={mode}"], cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-4000:]
         found[mode] = {k: float(v) for k, v in re.findall(r"│\s+(\S+_val(?:/\w+)?)\s+│\s+([\d.]+)\s+│", result.stdout)}
-    for mode in ("dense", "bm25", "hybrid"):
+    for mode in ("bm25", "hybrid"):
         assert {f"Recall@1_val/{mode}", f"Recall@10_val/{mode}", f"MRR_val/{mode}"} <= set(found["hybrid"])
-    assert found["hybrid"]["Recall@10_val"] == found["hybrid"]["Recall@10_val/hybrid"]
-    assert found["bm25"]["Recall@10_val"] == found["bm25"]["Recall@10_val/bm25"]
+    # The plain names are the trained ranking, whatever the mode predict would write.
+    assert found["hybrid"]["Recall@10_val"] == found["bm25"]["Recall@10_val"]
+    assert found["bm25"]["Recall@10_val"] != found["bm25"]["Recall@10_val/bm25"]
     assert found["hybrid"]["Recall@10_val/hybrid"] >= found["hybrid"]["Recall@10_val/bm25"]
 
 
-def test_lifelong_evaluation_reports_the_default_mode_and_all_three(retriever_checkpoint, mini_dataset):
+def test_lifelong_evaluation_reports_dense_and_hybrid_with_each_datasets_own_weight(retriever_checkpoint, mini_dataset):
     from leanagent.lifelong.evaluation import evaluate_checkpoint
 
     datasets = {"mini": (mini_dataset / "random", mini_dataset / "corpus.jsonl")}
     results = evaluate_checkpoint(retriever_checkpoint, datasets, "test", num_retrieved=20)["mini"]
-    for metric in ("Recall@1", "Recall@10", "MRR"):
-        assert results[metric] == results[f"{metric}/hybrid"]
-        assert {f"{metric}/dense", f"{metric}/bm25"} <= set(results)
-    assert results["Recall@10/bm25"] != results["Recall@10/dense"]  # really two rankings
+    model = load_retriever(retriever_checkpoint)
+    model.num_retrieved = 20
+    logged = _trainer().test(model, datamodule=_datamodule(mini_dataset), verbose=False)[0]
+    for metric in ("Recall@1", "Recall@10", "MRR"):  # the trained ranking under the plain names
+        assert results[metric] == pytest.approx(model.eval_by_weight[1.0][("Recall@1", "Recall@10", "MRR").index(metric)])
+        assert {f"{metric}/bm25", f"{metric}/hybrid"} <= set(results)
+    assert results["Recall@10/bm25"] != results["Recall@10"]  # really two rankings
+    # Hybrid on test uses the weight chosen on this dataset's own val, not the checkpoint's (stored elsewhere).
+    chosen = evaluate_checkpoint(retriever_checkpoint, datasets, "val", num_retrieved=20)["mini"]["hybrid_weight"]
+    assert results["hybrid_weight"] == chosen
+    assert logged["Recall@10_test"] == pytest.approx(results["Recall@10"])

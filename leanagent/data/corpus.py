@@ -8,6 +8,8 @@ position test inside the query's own file, which vectorises over all premises.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import os
 import re
@@ -172,6 +174,18 @@ class Corpus:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    @functools.cached_property
+    def premise_set_key(self) -> str:
+        """Identifies the premises (names and code), whatever order or file layout the corpus came in.
+
+        What a hybrid weight is chosen for: a re-serialised or merged corpus with the same premises keeps it.
+        """
+        digest = hashlib.sha256()
+        for entry in sorted(f"{name}\x00{code}" for name, code in zip(self.names, self.codes)):
+            digest.update(entry.encode())
+            digest.update(b"\x01")
+        return digest.hexdigest()
 
     def premise_texts(self, form: str = "serialized") -> list[str]:
         """What the encoder reads for each premise: ReProver's serialized form, or the raw code."""

@@ -149,6 +149,13 @@ class RetrievalDataModule(pl.LightningDataModule):
         self.corpus_path = require_file(corpus_path, "data.corpus_path")
         if not self.data_path.is_dir():
             raise LeanAgentError(f"data.data_path is not a folder: {self.data_path}")
+        if not any((self.data_path / f"{split}.json").is_file() for split in SPLITS):
+            inside = sorted(p.parent.name for p in self.data_path.glob("*/train.json"))
+            hint = f"; its split folders: {', '.join(inside)}" if inside else ""
+            raise LeanAgentError(
+                f"data.data_path {self.data_path}: no train.json, val.json or test.json (not a LeanDojo Benchmark 4 "
+                f"split folder such as DATASET/random){hint}"
+            )
         self.num_negatives = num_negatives
         self.num_in_file_negatives = num_in_file_negatives
         self.num_hard_negatives = num_hard_negatives
@@ -265,6 +272,10 @@ class RetrievalDataModule(pl.LightningDataModule):
             "cand_mask": cand_mask,
             "cand_valid": torch.from_numpy(candidates >= 0),
             "labels": torch.from_numpy(labels.astype(np.float32)),
+            # Premise ids of the candidates and of every query's positives, so that candidates shared
+            # from other ranks can be labelled too (leanagent/models/retriever.py, `share_candidates`).
+            "cand_premises": torch.from_numpy(candidates),
+            "query_positives": torch.from_numpy(all_positives),
         }
 
     def _collate_eval(self, split: str, indices: list[int]) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ import pytorch_lightning as pl
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.metrics import metric_names
 from leanagent.models.fisher import load_retriever
-from leanagent.retrieval.fusion import RETRIEVAL_MODES
+from leanagent.retrieval.fusion import BASELINE_MODES
 
 
 def evaluate_checkpoint(
@@ -20,28 +20,45 @@ def evaluate_checkpoint(
     eval_batch_size: int = 64,
     num_retrieved: int = 100,
 ) -> dict[str, dict[str, float]]:
-    """{name: {Recall@1, Recall@10, MRR, Recall@1/dense, ..., MRR/hybrid}} on `split` ("val" or "test") of each dataset.
+    """{name: {Recall@1, Recall@10, MRR, Recall@1/bm25, ..., MRR/hybrid, hybrid_weight}} on `split` of each dataset.
 
-    The plain names are the checkpoint's default ranking (hybrid); `metric/mode` are each mode's.
+    The plain names are the trained (dense) ranking; `/bm25` and `/hybrid` sit beside them. Hybrid on a
+    dataset uses the weight chosen on that dataset's own validation split, so "test" validates first.
     """
+    splits = ("val", "test") if split == "test" else (split,)
+    return evaluate_splits(checkpoint, datasets, splits, precision, eval_batch_size, num_retrieved)[split]
+
+
+def evaluate_splits(
+    checkpoint: Path,
+    datasets: dict[str, tuple[Path, Path]],
+    splits: tuple[str, ...] = ("val", "test"),
+    precision: str = "32-true",
+    eval_batch_size: int = 64,
+    num_retrieved: int = 100,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """{split: {name: metrics}} (see `evaluate_checkpoint`), the splits run in the order given on each
+    dataset; the corpus is embedded once per dataset and the hybrid weight chosen on its "val"."""
     model = load_retriever(checkpoint)
     model.num_retrieved = num_retrieved
     trainer = pl.Trainer(
         accelerator="auto", devices=1, precision=precision, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )
-    results: dict[str, dict[str, float]] = {}
+    names = metric_names(num_retrieved)
+    results: dict[str, dict[str, dict[str, float]]] = {split: {} for split in splits}
     for name, (data_path, corpus_path) in datasets.items():
         datamodule = RetrievalDataModule(
             data_path=str(data_path), corpus_path=str(corpus_path), eval_batch_size=eval_batch_size,
             max_seq_len=model.hparams.max_seq_len, model_name=model.model_name,
         )
-        run = trainer.test if split == "test" else trainer.validate
-        logged = run(model, datamodule=datamodule, verbose=False)[0]
-        # The plain names are the default mode's (model.retrieval, hybrid); dense and bm25 sit beside them.
-        names = metric_names(num_retrieved)
-        results[name] = {metric: float(logged[f"{metric}_{split}"]) for metric in names}
-        results[name].update({
-            f"{metric}/{mode}": float(logged[f"{metric}_{split}/{mode}"]) for mode in RETRIEVAL_MODES for metric in names
-        })
+        for split in splits:
+            run = trainer.test if split == "test" else trainer.validate
+            logged = run(model, datamodule=datamodule, verbose=False)[0]
+            metrics = {metric: float(logged[f"{metric}_{split}"]) for metric in names}
+            metrics.update({
+                f"{metric}/{mode}": float(logged[f"{metric}_{split}/{mode}"]) for mode in BASELINE_MODES for metric in names
+            })
+            metrics["hybrid_weight"] = float(logged[f"hybrid_weight_{split}"])
+            results[split][name] = metrics
     return results

@@ -18,34 +18,45 @@ def evaluation_rows(state: dict) -> list[dict]:
     return rows
 
 
-def recall_matrix(state: dict) -> list[list[float]]:
-    """R[i][j]: test Recall@10 on the j-th repository of the order after stage i (j <= i)."""
-    order = state["order"]
-    return [[stage["test"][order[j]]["Recall@10"] for j in range(stage["index"] + 1)] for stage in state["stages"]]
+# What the lifelong results are computed from: the trained (dense) ranking; BM25 and hybrid beside it.
+RANKINGS = {"dense": "Recall@10", "bm25": "Recall@10/bm25", "hybrid": "Recall@10/hybrid"}
+
+
+def recall_matrix(state: dict, ranking: str = "dense") -> list[list[float]]:
+    """R[i][j]: test Recall@10 of `ranking` on the j-th repository of the order after stage i (j <= i)."""
+    order, key = state["order"], RANKINGS[ranking]
+    return [[stage["test"][order[j]][key] for j in range(stage["index"] + 1)] for stage in state["stages"]]
 
 
 def write_report(out: Path, state: dict, window: int = 5) -> dict:
+    """results.json, evaluations.csv and lifelong.png; the six metrics are the dense ranking's."""
     rows = evaluation_rows(state)
-    matrix = recall_matrix(state)
-    val = [stage["val"]["Recall@10"] for stage in state["stages"]]
-    metrics = lifelong_metrics(matrix, val, window=window)
-    summary = {"order": state["order"], "settings": state.get("settings"), "metrics": metrics,
-               "test_recall10_matrix": matrix, "average_test_recall10": average_test_recall(matrix),
-               "val_recall10": val, "evaluations": rows}
+    matrices = {ranking: recall_matrix(state, ranking) for ranking in RANKINGS}
+    val = {ranking: [stage["val"][key] for stage in state["stages"]] for ranking, key in RANKINGS.items()}
+    metrics = {ranking: lifelong_metrics(matrices[ranking], val[ranking], window=window) for ranking in RANKINGS}
+    summary = {"order": state["order"], "settings": state.get("settings"), "metrics": metrics["dense"],
+               "test_recall10_matrix": matrices["dense"], "average_test_recall10": average_test_recall(matrices["dense"]),
+               "val_recall10": val["dense"],
+               "baselines": {ranking: {"metrics": metrics[ranking], "test_recall10_matrix": matrices[ranking],
+                                       "average_test_recall10": average_test_recall(matrices[ranking])}
+                             for ranking in ("bm25", "hybrid")},
+               "evaluations": rows}
     write_json(out / "results.json", summary)
     write_csv(out / "evaluations.csv", rows)
-    write_figure(out / "lifelong.png", state["order"], matrix)
+    write_figure(out / "lifelong.png", state["order"], matrices)
     return summary
 
 
-def write_figure(path: Path, order: list[str], matrix: list[list[float]]) -> None:
-    """Heatmap of test R@10 per repository after each stage, beside the average test R@10 curve."""
+def write_figure(path: Path, order: list[str], matrices: dict[str, list[list[float]]]) -> None:
+    """Heatmap of the dense test R@10 per repository after each stage, beside the average test R@10
+    curves of dense, BM25 and hybrid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
+    matrix = matrices["dense"]
     stages = len(matrix)
     grid = np.full((stages, len(order)), np.nan)
     for i, row in enumerate(matrix):
@@ -55,17 +66,18 @@ def write_figure(path: Path, order: list[str], matrix: list[list[float]]) -> Non
     left.set_xticks(range(len(order)), order, rotation=35, ha="right", fontsize=8)
     left.set_yticks(range(stages), [f"after {order[i]}" for i in range(stages)], fontsize=8)
     left.set_xlabel("evaluated on (test)")
-    left.set_title("Test Recall@10 after each stage")
+    left.set_title("Dense test Recall@10 after each stage")
     for i in range(stages):
         for j in range(len(matrix[i])):
             left.text(j, i, f"{grid[i, j]:.1f}", ha="center", va="center", color="white", fontsize=8)
     fig.colorbar(image, ax=left, fraction=0.046)
-    average = average_test_recall(matrix)
-    right.plot(range(1, stages + 1), average, marker="o")
+    for ranking, style in (("dense", "o-"), ("bm25", "s--"), ("hybrid", "^:")):
+        right.plot(range(1, stages + 1), average_test_recall(matrices[ranking]), style, label=ranking)
     right.set_xticks(range(1, stages + 1))
     right.set_xlabel("stage (repositories learned)")
     right.set_ylabel("average test Recall@10 over seen repositories")
     right.set_title("Average test Recall@10")
+    right.legend()
     right.grid(alpha=0.3)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))

@@ -12,6 +12,10 @@ from leanagent.errors import LeanAgentError
 PRESETS: dict[str, dict[str, int]] = {
     "byt5-tiny": dict(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2),
     "byt5-mini": dict(d_model=128, d_kv=32, num_heads=4, d_ff=256, num_layers=3),
+    # The shape chosen for CPU training (benchmarks/learner_curve.py): under bf16 autocast it trains
+    # about as many pairs per second as a 192-wide one with twice the parameters, and it is the shape
+    # of the shipped pretrained retriever (leanagent/pretrained/).
+    "byt5-cpu": dict(d_model=256, d_kv=64, num_heads=4, d_ff=768, num_layers=4),
 }
 BYT5_VOCAB_SIZE = 384
 

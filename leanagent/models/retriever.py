@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -29,6 +30,7 @@ from leanagent.retrieval.fusion import (
     MODE_WEIGHTS,
     RETRIEVAL_MODES,
     Fuser,
+    BASELINE_MODES,
     choose_weight,
 )
 from leanagent.watchdog import beat
@@ -68,15 +70,49 @@ def stack_padded(*tables: torch.Tensor) -> torch.Tensor:
     return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
 
 
-def batch_loss(encode, batch: dict[str, torch.Tensor], loss: str = "mse") -> torch.Tensor:
-    """The in-batch loss: every query against every candidate of the batch (its own and the others')."""
+def batch_loss(encode, batch: dict[str, torch.Tensor], loss: str = "mse", share=None) -> torch.Tensor:
+    """The in-batch loss: every query against every candidate of the batch (its own and the others').
+
+    `share`, if given, widens the candidates beyond this batch (`share_candidates`: every rank's).
+    """
     # One call for both, so that queries and candidates of similar length share encoder chunks.
     ids = stack_padded(batch["query_ids"], batch["cand_ids"])  # 0 is ByT5's padding id
     mask = stack_padded(batch["query_mask"], batch["cand_mask"])
     embeddings = encode(ids, mask)
     num_queries = len(batch["query_ids"])
     queries, candidates = embeddings[:num_queries], embeddings[num_queries:]
-    return contrastive_loss(queries @ candidates.T, batch["labels"], batch["cand_valid"][None, :], loss)
+    labels, valid = batch["labels"], batch["cand_valid"]
+    if share is not None:
+        candidates, premises, valid = share(candidates, batch["cand_premises"], valid)
+        labels = candidate_labels(batch["query_positives"], premises)
+    return contrastive_loss(queries @ candidates.T, labels, valid[None, :], loss)
+
+
+def candidate_labels(query_positives: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """[B, C] 1.0 where candidate premise j is any positive of query i (-1 pads both sides)."""
+    hit = (candidates[None, :, None] == query_positives[:, None, :]).any(-1) & (candidates[None, :] >= 0)
+    return hit.to(torch.float32)
+
+
+def share_candidates(
+    candidates: torch.Tensor, premises: torch.Tensor, valid: torch.Tensor, gather, rank: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rank's candidates, for in-batch negatives across the whole global batch.
+
+    `gather` is an all_gather that stacks a tensor of every rank ([world, ...]); other ranks' embeddings
+    come without gradient (each rank back-propagates through its own candidates, and DDP averages).
+    Ranks may hold batches of different sizes (the last one), so rows are padded to the largest.
+    """
+    sizes = gather(torch.tensor([len(premises)], device=candidates.device)).flatten()
+    width = int(sizes.max())
+    pad = width - len(premises)
+    local = F.pad(candidates, (0, 0, 0, pad))
+    with torch.no_grad():
+        everyone = gather(local.detach())
+    all_embeddings = torch.cat([everyone[:rank], local[None], everyone[rank + 1 :]]).flatten(0, 1)
+    all_premises = gather(F.pad(premises, (0, pad), value=-1)).flatten()
+    all_valid = gather(F.pad(valid.to(torch.int32), (0, pad))).flatten() > 0  # gloo gathers no bool
+    return all_embeddings, all_premises, all_valid
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, start_step: int = 0):
@@ -112,6 +148,7 @@ class PremiseRetriever(pl.LightningModule):
         ewc_lambda: float = 0.0,
         ewc_form: str = "paper",
         retrieval: str = "hybrid",
+        init_from: str | None = None,
     ) -> None:
         """
         Args:
@@ -131,16 +168,21 @@ class PremiseRetriever(pl.LightningModule):
                 the weights that Fisher was computed on (see leanagent/ewc.py).
             ewc_lambda: EWC strength (0 disables it).
             ewc_form: `paper` (lambda/2 * sum F (theta - theta*)^2) or `leanagent` (no 1/2).
-            retrieval: the ranking that validate/test report under the plain metric names
-                (`Recall@10_val`, ...) and that predict writes: `dense` (the encoder), `bm25`
+            retrieval: the ranking predict writes: `dense` (the encoder), `bm25`
                 (leanagent/retrieval/bm25.py) or `hybrid` (their normalised scores, weighted by the
-                weight chosen on the validation split; leanagent/retrieval/fusion.py). Evaluation
-                logs all three beside it as `Recall@10_val/dense`, `/bm25`, `/hybrid`.
+                weight chosen on the validation split; leanagent/retrieval/fusion.py). Validate and
+                test always report the dense ranking under the plain names (`Recall@10_val`, what
+                checkpoints follow) and the other two beside it (`Recall@10_val/bm25`, `/hybrid`).
+            init_from: encoder weights to start from instead of a random initialisation: a shipped
+                retriever by name (`leanagent-base`, leanagent/pretrained/), a `.safetensors` weights
+                file or a `.ckpt`. A `--ckpt_path` checkpoint's weights replace them when a fit resumes.
         """
         super().__init__()
         # LightningCLI lets a checkpoint's hyperparameters override the command line, so settings that
         # belong to a run rather than to the weights (evaluation size, EWC of this stage) are not saved.
-        self.save_hyperparameters(ignore=["num_retrieved", "fisher_path", "ewc_lambda", "ewc_form", "retrieval"])
+        self.save_hyperparameters(
+            ignore=["num_retrieved", "fisher_path", "ewc_lambda", "ewc_form", "retrieval", "init_from"]
+        )
         if loss not in LOSSES:
             raise LeanAgentError(f"model.loss must be one of {LOSSES}, got {loss!r}")
         if num_retrieved < 1:
@@ -155,8 +197,8 @@ class PremiseRetriever(pl.LightningModule):
         if retrieval not in RETRIEVAL_MODES:
             raise LeanAgentError(f"model.retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
         self.retrieval = retrieval
-        self.hybrid_weight: float | None = None  # chosen on validation, for the corpus `hybrid_corpus`
-        self.hybrid_corpus: str | None = None  # that corpus's fingerprint
+        # Chosen on validation, one per premise set (`Corpus.premise_set_key`) it was chosen on.
+        self.hybrid_weights: dict[str, float] = {}
         self._bm25: tuple[str, BM25Index] | None = None
         self._split = "val"
         self.model_name = model_name
@@ -168,6 +210,16 @@ class PremiseRetriever(pl.LightningModule):
         self.chunk_cost = chunk_cost
         self.loss = loss
         self.encoder = Encoder(model_name)
+        self.init_from = init_from
+        if init_from is not None:
+            from leanagent.pretrained import load_encoder
+
+            expected = dict(self.encoder_parameters())
+            aliases = {f"encoder.{name}" for name in self.encoder.state_dict()}
+            tensors = load_encoder(init_from, model_name, expected, aliases)
+            with torch.no_grad():
+                for name, parameter in expected.items():
+                    parameter.copy_(tensors[name])
         # A plain object, not a submodule: F and theta* must not be DDP buffers broadcast every step.
         from leanagent.ewc import build_ewc
 
@@ -197,7 +249,10 @@ class PremiseRetriever(pl.LightningModule):
     # Training.
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         size = len(batch["index"])
-        loss = batch_loss(self, batch, self.loss)
+        share = None
+        if self.loss == "infonce" and self.trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            share = functools.partial(share_candidates, gather=self.all_gather, rank=self.global_rank)
+        loss = batch_loss(self, batch, self.loss, share)
         if not torch.isfinite(loss):
             raise LeanAgentError(
                 f"the training loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}, "
@@ -281,10 +336,14 @@ class PremiseRetriever(pl.LightningModule):
         world, rank = self.trainer.world_size, self.trainer.global_rank
         mine = np.arange(rank, num_premises, world)
         by_length = np.argsort(datamodule.corpus_tokens.lengths[mine], kind="stable")  # little padding per batch
-        chunks = [
-            self(batch["ids"].to(self.device), batch["mask"].to(self.device))
-            for batch in datamodule.corpus_dataloader(mine[by_length])
-        ]
+        # Epoch-start hooks run outside autocast: enter the trainer's precision (bf16 under bf16-mixed), the
+        # costliest part of an evaluation; the search re-scores its head in float32 (leanagent/retrieval/dense.py).
+        plugin = getattr(self.trainer, "precision_plugin", None)
+        with plugin.forward_context() if plugin is not None else contextlib.nullcontext():
+            chunks = [
+                self(batch["ids"].to(self.device), batch["mask"].to(self.device))
+                for batch in datamodule.corpus_dataloader(mine[by_length])
+            ]
         local = torch.cat(chunks) if chunks else torch.zeros(0, self._embedding_dim(), device=self.device)
         local = local[torch.from_numpy(np.argsort(by_length)).to(self.device)]
         if world == 1:
@@ -324,19 +383,18 @@ class PremiseRetriever(pl.LightningModule):
         return self._search_corpus.get(self.corpus_embeddings, search_dtype(self.device))
 
     # Retrieval: dense, BM25 or hybrid scores over accessible premises, one masked top-k per batch.
+    def _premise_set(self) -> str | None:
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
+        return datamodule.corpus.premise_set_key if datamodule is not None else None
+
     @property
     def current_hybrid_weight(self) -> float:
-        """The weight chosen on validation if it was chosen for this corpus, else DEFAULT_HYBRID_WEIGHT (BM25).
+        """The weight validation chose for this premise set, else DEFAULT_HYBRID_WEIGHT (BM25).
 
-        A weight fitted on one dataset says nothing about how far to trust the encoder on another
-        (measured: 0.5 on Batteries, 0.0 on Mathlib slices), so on another corpus hybrid is BM25
-        until `validate` or `fit` chooses a weight there.
+        A weight fitted on one dataset says nothing about how far to trust the encoder on another,
+        so on other premises hybrid is BM25 until `validate` or `fit` chooses a weight there.
         """
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer is not None else None
-        corpus = datamodule.corpus_fingerprint if datamodule is not None else None
-        if self.hybrid_weight is None or corpus is None or corpus != self.hybrid_corpus:
-            return DEFAULT_HYBRID_WEIGHT
-        return self.hybrid_weight
+        return self.hybrid_weights.get(self._premise_set(), DEFAULT_HYBRID_WEIGHT)
 
     def bm25_index(self) -> BM25Index:
         """Built once per process and corpus content (a few seconds at 40k premises), kept in memory."""
@@ -417,11 +475,13 @@ class PremiseRetriever(pl.LightningModule):
         self.eval_by_weight = {w: [float(v) for v in values] for w, values in by_weight.items()}  # for benchmarks
         if suffix == "val" and not self.trainer.sanity_checking:
             examples = per_example[with_positives, :, :-1]
-            self.hybrid_weight = choose_weight({w: examples[:, c] for c, w in enumerate(self._eval_weights)})
-            self.hybrid_corpus = self.trainer.datamodule.corpus_fingerprint
-        by_mode = {mode: by_weight[self._mode_weight(mode)] for mode in RETRIEVAL_MODES}
-        results = {f"{name}_{suffix}": float(v) for name, v in zip(names, by_mode[self.retrieval])}
-        for mode, values in by_mode.items():
+            weight = choose_weight({w: examples[:, c] for c, w in enumerate(self._eval_weights)})
+            self.hybrid_weights[self._premise_set()] = weight
+        # The plain names are the learner's own ranking (dense), whatever `retrieval` makes predict write:
+        # they are what checkpoints and early stopping follow, and no fallback can hold them up.
+        results = {f"{name}_{suffix}": float(v) for name, v in zip(names, by_weight[MODE_WEIGHTS["dense"]])}
+        for mode in BASELINE_MODES:
+            values = by_weight[self._mode_weight(mode)]
             results.update({f"{name}_{suffix}/{mode}": float(v) for name, v in zip(names, values)})
         results[f"hybrid_weight_{suffix}"] = self.current_hybrid_weight
         for name, value in results.items():
@@ -498,16 +558,16 @@ class PremiseRetriever(pl.LightningModule):
         check_state_dict(checkpoint.get("state_dict", {}), self.state_dict(), "checkpoint")
         self._load_hybrid_weight(checkpoint)
 
-    # The hybrid weight chosen on validation travels in the checkpoint; older checkpoints have none.
+    # The hybrid weights chosen on validation travel in the checkpoint, keyed by premise set.
     def _save_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
-        if self.hybrid_weight is not None:
-            checkpoint["hybrid_weight"] = float(self.hybrid_weight)
-            checkpoint["hybrid_corpus"] = self.hybrid_corpus
+        if self.hybrid_weights:
+            checkpoint["hybrid_weights"] = dict(self.hybrid_weights)
 
     def _load_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
-        """A weight counts only with the fingerprint of the corpus it was chosen on."""
-        weight, corpus = checkpoint.get("hybrid_weight"), checkpoint.get("hybrid_corpus")
-        valid = isinstance(weight, (int, float)) and 0.0 <= weight <= 1.0 and isinstance(corpus, str)
-        self.hybrid_weight = float(weight) if valid else None
-        self.hybrid_corpus = corpus if valid else None
-
+        """Valid entries only; older checkpoints (one weight keyed by corpus file bytes) carry none that count."""
+        stored = checkpoint.get("hybrid_weights")
+        stored = stored if isinstance(stored, dict) else {}
+        self.hybrid_weights = {
+            key: float(w) for key, w in stored.items()
+            if isinstance(key, str) and isinstance(w, (int, float)) and 0.0 <= w <= 1.0
+        }

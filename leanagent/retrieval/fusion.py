@@ -22,6 +22,8 @@ import torch
 from leanagent.retrieval.bm25 import hide_inaccessible, padded_topk
 
 RETRIEVAL_MODES = ("dense", "bm25", "hybrid")
+# Logged beside the plain (dense) metric names as `Recall@10_val/bm25`, `Recall@10_val/hybrid`.
+BASELINE_MODES = ("bm25", "hybrid")
 # Candidate weights of the dense side, evaluated together at the end of each validation epoch.
 HYBRID_GRID = tuple(round(0.1 * i, 1) for i in range(11))
 # The weight used where none was chosen for the corpus at hand: a model never validated, a checkpoint

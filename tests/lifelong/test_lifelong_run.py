@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from leanagent.models.retriever import warmup_cosine
 from tests.conftest import BUNDLED, REPO
@@ -86,6 +87,18 @@ def test_killed_after_stage_one_then_resumed_equals_an_uninterrupted_run(repos, 
     assert (interrupted / "evaluations.csv").read_text().count("\n") == 1 + 9
     stages = json.loads(state.read_text())["stages"]
     assert stages[0]["fisher"] and stages[1]["fisher"] and stages[2]["fisher"] is None  # none after the last stage
+    # The same trained models, not only the same metrics: every stage hands over identical weights.
+    straight_stages = json.loads((tmp_path / "straight" / "state.json").read_text())["stages"]
+    for x, y in zip(stages, straight_stages):
+        weights_x = torch.load(x["checkpoint"], weights_only=True)["state_dict"]
+        weights_y = torch.load(y["checkpoint"], weights_only=True)["state_dict"]
+        assert weights_x.keys() == weights_y.keys()
+        assert all(torch.equal(weights_x[k], weights_y[k]) for k in weights_x), x["repository"]
+    # EWC is on from stage 1: its penalty is part of what those stages trained on.
+    for stage in sorted((tmp_path / "straight" / "stages").iterdir())[1:]:
+        (metrics,) = stage.glob("fit/lightning_logs/retrieval/version_*/metrics.csv")
+        penalties = [float(r["ewc_penalty_train_step"]) for r in csv.DictReader(metrics.open()) if r.get("ewc_penalty_train_step")]
+        assert penalties and max(penalties) > 0, stage.name
     for stage in sorted((tmp_path / "straight" / "stages").iterdir()):  # each stage's fit has its own whole schedule
         lrs = stage_learning_rates(stage)
         assert len(lrs) >= 3
@@ -102,5 +115,6 @@ def assert_same_rows(rows_a: list[dict], rows_b: list[dict]) -> None:
     assert len(rows_a) == len(rows_b)
     for x, y in zip(rows_a, rows_b):
         assert [x[k] for k in ("stage", "trained_on", "evaluated_on", "split")] == [y[k] for k in ("stage", "trained_on", "evaluated_on", "split")]
-        for key in ("Recall@1", "Recall@10", "MRR"):
+        assert x.keys() == y.keys() and {"Recall@10/bm25", "Recall@10/hybrid", "hybrid_weight"} <= set(x)
+        for key in ("Recall@1", "Recall@10", "MRR", "Recall@10/hybrid", "hybrid_weight"):  # plain names: dense
             assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-9)

@@ -1,0 +1,85 @@
+"""Turn a fit's checkpoint into a shipped retriever: `<name>.safetensors` and its record `<name>.json`.
+
+    python -m leanagent.pretrained.export checkpoints/pretrain/last.ckpt --name leanagent-base \
+        --command "python main.py fit --config configs/retrieval.yaml --config configs/recipes/pretrain.yaml"
+
+The record says how to reproduce the weights: the command, the resolved data settings, the sha256 of
+every data file the fit read, the epochs and steps trained, and the validation metrics in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+from pathlib import Path
+
+from leanagent.checkpoints import load_checkpoint
+from leanagent.io import write_json
+from leanagent.pretrained import SHIPPED_DIR, save_encoder
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def data_fingerprints(data_path: Path, corpus_path: Path) -> dict[str, str]:
+    files = [corpus_path, *(data_path / f"{split}.json" for split in ("train", "val", "test"))]
+    return {str(p): sha256(p) for p in files if p.is_file()}
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def export(checkpoint_path: Path, name: str, command: str, out_dir: Path = SHIPPED_DIR, note: str = "") -> Path:
+    checkpoint = load_checkpoint(checkpoint_path, "checkpoint")
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    tensors = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("encoder.")}
+    weights = out_dir / f"{name}.safetensors"
+    save_encoder(weights, tensors, hparams["model_name"])
+    monitor = {k: float(v["best_model_score"]) for k, v in (checkpoint.get("callbacks") or {}).items()
+               if isinstance(v, dict) and v.get("best_model_score") is not None}
+    record = {
+        "name": name,
+        "model_name": hparams["model_name"],
+        "parameters": int(sum(t.numel() for t in tensors.values())),
+        "weights_sha256": sha256(weights),
+        "command": command,
+        "trained_at_commit": git_commit(),
+        "epochs": int(checkpoint.get("epoch", -1)) + 1,
+        "global_step": int(checkpoint.get("global_step", -1)),
+        "model": {k: v for k, v in hparams.items() if not k.startswith("_")},
+        "data": {k: v for k, v in data.items() if not k.startswith("_")},
+        "data_sha256": data_fingerprints(Path(data["data_path"]), Path(data["corpus_path"])) if data else {},
+        "best_validation": monitor,
+        "note": note,
+    }
+    write_json(out_dir / f"{name}.json", record)
+    return weights
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", type=Path)
+    parser.add_argument("--name", default="leanagent-base")
+    parser.add_argument("--command", required=True, help="the exact command that trained the checkpoint")
+    parser.add_argument("--note", default="")
+    parser.add_argument("--out-dir", type=Path, default=SHIPPED_DIR)
+    args = parser.parse_args()
+    path = export(args.checkpoint, args.name, args.command, args.out_dir, args.note)
+    print(f"wrote {path} and {path.with_suffix('.json')}")
+
+
+if __name__ == "__main__":
+    main()
