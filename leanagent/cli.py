@@ -66,6 +66,10 @@ class LeanAgentCLI(LightningCLI):
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
         # `--watchdog.stall_after` and `--watchdog.action` at top level: hang reports (leanagent/watchdog.py).
         parser.add_lightning_class_args(Watchdog, "watchdog")
+        parser.add_argument(
+            "--test_after_fit", type=bool, default=False,
+            help="after fit: test the best checkpoint (its hybrid weight chosen on val) and print dense, BM25 and hybrid",
+        )
 
     def parse_arguments(self, parser, args) -> None:
         self._raw_args = list(sys.argv[1:] if args is None else args)
@@ -109,6 +113,31 @@ class LeanAgentCLI(LightningCLI):
                 config.trainer.max_epochs,
                 "trainer.max_epochs as given" if explicit is not None and explicit >= 0 else "progressive training",
             )
+
+
+    def after_fit(self) -> None:
+        """`test_after_fit`: adapting to a project is one command (configs/retrieval_project.yaml)."""
+        if not self.config.fit.get("test_after_fit"):
+            return
+        callback = self.trainer.checkpoint_callback
+        best = getattr(callback, "best_model_path", "") if callback is not None else ""
+        logged = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, verbose=False)
+        if self.trainer.is_global_zero and logged:
+            print(format_rankings(logged[0], "test", best or "the final weights"), flush=True)
+
+
+def format_rankings(logged: dict[str, float], split: str, source: str) -> str:
+    """The trained (dense) ranking beside BM25 and hybrid, one row each, as validate/test logged them."""
+    names = [n for n in ("Recall@1", "Recall@10", "MRR") if f"{n}_{split}" in logged]
+    rows = [("dense (trained)", ""), ("bm25", "/bm25"), ("hybrid", "/hybrid")]
+    lines = [f"{split} results of {source}:", f"{'ranking':<16}" + "".join(f"{n:>11}" for n in names)]
+    for label, suffix in rows:
+        values = [float(logged[f"{n}_{split}{suffix}"]) for n in names]
+        lines.append(f"{label:<16}" + "".join(f"{v:>11.3f}" if n == "MRR" else f"{v:>11.1f}" for n, v in zip(names, values)))
+    weight = logged.get(f"hybrid_weight_{split}")
+    if weight is not None:
+        lines.append(f"hybrid weight of the dense side: {float(weight):.1f} (chosen on this dataset's validation split)")
+    return "\n".join(lines)
 
 
 def configure_distributed(config: Namespace) -> None:

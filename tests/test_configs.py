@@ -112,3 +112,36 @@ def test_print_config_shows_the_strategy_actually_used(name):
     printed = yaml.safe_load(result.stdout)
     assert printed["trainer"]["strategy"]["class_path"] == "pytorch_lightning.strategies.DDPStrategy"
     assert printed["trainer"]["strategy"]["init_args"]["timeout"] == "364 days, 0:00:00"
+
+
+RECIPES = sorted((REPO / "configs" / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_recipe_overlays_compose_on_the_main_job(recipe: Path, clean_env, tmp_path):
+    """`--config configs/retrieval.yaml --config configs/recipes/X.yaml`: the overlay's settings win, the base's rest."""
+    overlay = yaml.safe_load(recipe.read_text())
+    args = ["--config", str(REPO / "configs/retrieval.yaml"), "--config", str(recipe), "--trainer.accelerator=cpu",
+            f"--trainer.default_root_dir={tmp_path}"]
+    if not (REPO / overlay.get("data", {}).get("corpus_path", "data/batteries/corpus.jsonl")).exists():
+        args += ["--data.data_path=data/batteries/random", "--data.corpus_path=data/batteries/corpus.jsonl"]
+    cli = LeanAgentCLI(args=args, run=False)
+    config = cli.config
+    for key, value in overlay.get("model", {}).get("init_args", {}).items():
+        assert config.model.init_args[key] == value, key
+    for key, value in overlay.get("data", {}).items():
+        if key not in ("data_path", "corpus_path"):
+            assert config.data[key] == value, key
+    assert config.data.max_seq_len == config.model.init_args.max_seq_len
+    assert config.trainer.strategy.init_args.timeout == ONE_YEAR  # the base's strategy survives the overlay
+    assert config.trainer.precision == "bf16-mixed" and config.trainer.gradient_clip_val == 1.0
+
+
+@pytest.mark.parametrize("config", [*CONFIGS, *RECIPES], ids=lambda p: p.name)
+def test_checkpoints_and_early_stopping_follow_the_trained_ranking(config: Path):
+    """Plain metric names are the dense ranking; a `/bm25` or `/hybrid` monitor would follow a fallback."""
+    raw = yaml.safe_load(config.read_text())
+    callbacks = (raw.get("trainer") or {}).get("callbacks") or []
+    monitors = [c.get("init_args", {}).get("monitor") for c in callbacks if isinstance(c, dict)]
+    for monitor in filter(None, monitors):
+        assert "/" not in monitor, f"{config.name} monitors {monitor}"

@@ -30,7 +30,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.ewc import combine_fisher
 from leanagent.io import atomic_write, ensure_writable, read_json, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
-from leanagent.lifelong.evaluation import evaluate_checkpoint
+from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.merge import merge_datasets
 from leanagent.lifelong.report import write_report
 from leanagent.lifelong.repositories import Repositories, resolve_repositories
@@ -60,8 +60,9 @@ class LifelongSettings:
     epochs_per_repo: int = 1
     resume_from: Literal["best", "last"] = "best"
     split: str = "random"
-    retrieval_config: str = "configs/retrieval.yaml"
-    fisher_config: str = "configs/fisher.yaml"
+    # One config, or several composed in order (a base and overlays, as repeated --config composes them).
+    retrieval_config: str | list[str] = "configs/retrieval.yaml"
+    fisher_config: str | list[str] = "configs/fisher.yaml"
     stage_args: list[str] = field(default_factory=list)
     eval_precision: str = "32-true"
     eval_batch_size: int = 64
@@ -74,9 +75,14 @@ def settings_fingerprint(settings: LifelongSettings) -> str:
     (editing configs/retrieval.yaml in place makes another run); output_dir is where, not what."""
     described = {k: v for k, v in asdict(settings).items() if k != "output_dir"}
     for key in ("retrieval_config", "fisher_config"):
-        path = Path(described[key])
-        described[f"{key}_sha256"] = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        described[f"{key}_sha256"] = [
+            hashlib.sha256(Path(p).read_bytes()).hexdigest() if Path(p).is_file() else None for p in config_list(described[key])
+        ]
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_list(configs: str | list[str]) -> list[str]:
+    return [configs] if isinstance(configs, str) else list(configs)
 
 
 def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list[str]:
@@ -201,8 +207,9 @@ class LifelongRun:
             fisher = done if done.is_file() else self._fisher(index, name, data, checkpoint, stage_dir, previous)
 
         seen = {n: (repos[n] / s.split, repos[n] / "corpus.jsonl") for n in order[: index + 1]}
-        test = evaluate_checkpoint(checkpoint, seen, "test", s.eval_precision, s.eval_batch_size)
-        val = evaluate_checkpoint(checkpoint, {name: seen[name]}, "val", s.eval_precision, s.eval_batch_size)[name]
+        # Every seen repository on val (hybrid's weight for it) then test; the stage's own val is its plasticity.
+        evaluated = evaluate_splits(checkpoint, seen, ("val", "test"), s.eval_precision, s.eval_batch_size)
+        test, val = evaluated["test"], evaluated["val"][name]
         stage = {"index": index, "repository": name, "checkpoint": str(checkpoint),
                  "fisher": str(fisher) if fisher else None, "test": test, "val": val}
         write_json(stage_dir / "stage.json", stage)
@@ -250,8 +257,12 @@ class LifelongRun:
     def _fisher(self, index: int, name: str, data: Path, checkpoint: Path, stage_dir: Path, previous: dict | None) -> Path:
         s = self.settings
         new = stage_dir / "fisher-stage.safetensors"
+        # The Fisher module reads the stage's checkpoint: its encoder and sequence length, whatever the Fisher config says.
+        hparams = load_checkpoint(checkpoint, f"stage {index} checkpoint").get("hyper_parameters") or {}
+        shape = [f"--{key}={hparams[name]}" for key, name in
+                 (("model.init_args.model_name", "model_name"), ("data.max_seq_len", "max_seq_len")) if name in hparams]
         command = self._fit_command(
-            s.fisher_config, data, f"--model.init_args.ckpt_path={checkpoint}", f"--model.init_args.output_path={new}"
+            s.fisher_config, data, f"--model.init_args.ckpt_path={checkpoint}", f"--model.init_args.output_path={new}", *shape
         )
         _run(command, stage_dir / "fisher", f"stage {index} Fisher on {name}")
         combined = stage_dir / "fisher.safetensors"
@@ -261,9 +272,10 @@ class LifelongRun:
             new.replace(combined)
         return combined
 
-    def _fit_command(self, config: str, data: Path, *extra: str) -> list[str]:
+    def _fit_command(self, configs: str | list[str], data: Path, *extra: str) -> list[str]:
         """`python -m leanagent fit` on a stage's data; the user's stage_args come last and win."""
         s = self.settings
-        return [sys.executable, "-m", "leanagent", "fit", "--config", str(Path(config).resolve()),
+        composed = [arg for config in config_list(configs) for arg in ("--config", str(Path(config).resolve()))]
+        return [sys.executable, "-m", "leanagent", "fit", *composed,
                 f"--data.data_path={data / s.split}", f"--data.corpus_path={data / 'corpus.jsonl'}", *extra,
                 f"--seed_everything={s.seed}", "--trainer.enable_progress_bar=false", *s.stage_args]
