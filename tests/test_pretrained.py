@@ -51,7 +51,7 @@ def test_weights_of_another_shape_are_refused(tiny_weights):
         PremiseRetriever(model_name="byt5-mini", init_from=str(path))
     unnamed = dict(_encoder_state(PremiseRetriever(model_name="byt5-mini")))
     save_encoder(path, unnamed, "byt5-tiny")  # a header that lies about the shape: the shapes still decide
-    with pytest.raises(LeanAgentError, match="does not match the 'byt5-tiny' encoder: .*unexpected"):
+    with pytest.raises(LeanAgentError, match="'byt5-tiny' encoder\\) does not match the model: .*unexpected"):
         PremiseRetriever(model_name="byt5-tiny", init_from=str(path))
 
 
@@ -86,7 +86,7 @@ def test_the_shipped_retriever_loads_by_name_offline_and_says_how_it_was_made():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["unknown name", "truncated file", "not a split folder"])
+@pytest.mark.parametrize("case", ["unknown name", "truncated file", "another shape", "not a split folder"])
 def test_bad_starting_points_and_project_folders_give_one_error_line_and_write_nothing(case, tiny_weights, tmp_path):
     path, _ = tiny_weights
     args = ["fit", "--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1",
@@ -97,6 +97,8 @@ def test_bad_starting_points_and_project_folders_give_one_error_line_and_write_n
         broken = tmp_path / "broken.safetensors"
         broken.write_bytes(path.read_bytes()[:100])
         args.append(f"--model.init_args.init_from={broken}")
+    elif case == "another shape":
+        args += [f"--model.init_args.init_from={path}", "--model.init_args.model_name=byt5-mini"]
     else:
         args += [f"--data.data_path={REPO / 'data/batteries'}", f"--data.corpus_path={REPO / 'data/batteries/corpus.jsonl'}"]
     run_dir = tmp_path / "run"
@@ -105,7 +107,7 @@ def test_bad_starting_points_and_project_folders_give_one_error_line_and_write_n
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1, result.stderr[-3000:]
-    assert {"unknown name": "leanagent-nothing", "truncated file": "broken.safetensors",
+    assert {"unknown name": "leanagent-nothing", "truncated file": "broken.safetensors", "another shape": "tiny.safetensors",
             "not a split folder": "its split folders: novel_premises, random"}[case] in errors[0]
     assert list(run_dir.iterdir()) == []  # no logs, no checkpoints
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from leanagent.errors import LeanAgentError
+from leanagent.fisher_file import check_state_dict
 
 SHIPPED_DIR = Path(__file__).resolve().parent
 WEIGHTS_FORMAT = "leanagent-retriever-encoder"
@@ -77,19 +78,8 @@ def load_encoder(
         raise LeanAgentError(
             f"model.init_from: {path} holds a '{saved_name}' encoder, but model.model_name is '{model_name}'"
         )
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing or unexpected:
-        raise LeanAgentError(
-            f"model.init_from: {path} does not match the '{model_name}' encoder: "
-            f"missing {missing[:2]}, unexpected {unexpected[:2]}"
-        )
-    for name, tensor in expected.items():
-        if tuple(tensors[name].shape) != tuple(tensor.shape):
-            raise LeanAgentError(
-                f"model.init_from: {path} does not match the '{model_name}' encoder: '{name}' has shape "
-                f"{tuple(tensors[name].shape)}, expected {tuple(tensor.shape)}"
-            )
+    check_state_dict(tensors, expected, f"model.init_from: {path} ('{model_name}' encoder)")
+    for name in expected:
         if not torch.isfinite(tensors[name]).all():
             raise LeanAgentError(f"model.init_from: {path}: '{name}' holds NaN or infinite values")
     return tensors
