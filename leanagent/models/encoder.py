@@ -11,10 +11,10 @@ from leanagent.errors import LeanAgentError
 # ByT5's architecture (byte vocabulary, gated-GELU feed-forward, relative attention) at sizes a CPU can train.
 PRESETS: dict[str, dict[str, int]] = {
     "byt5-tiny": dict(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2),
+    # The shipped retriever's shape (leanagent/pretrained/): on Mathlib data it gave more dense Recall@10
+    # per CPU-minute than byt5-tiny and byt5-cpu (benchmarks/learner_curve.py, README).
     "byt5-mini": dict(d_model=128, d_kv=32, num_heads=4, d_ff=256, num_layers=3),
-    # The shape chosen for CPU training (benchmarks/learner_curve.py): under bf16 autocast it trains
-    # about as many pairs per second as a 192-wide one with twice the parameters, and it is the shape
-    # of the shipped pretrained retriever (leanagent/pretrained/).
+    # Wider and deeper, for a CPU with time to spare: about 3x byt5-mini's cost per training pair.
     "byt5-cpu": dict(d_model=256, d_kv=64, num_heads=4, d_ff=768, num_layers=4),
 }
 BYT5_VOCAB_SIZE = 384
