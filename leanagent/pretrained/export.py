@@ -41,7 +41,9 @@ def git_commit() -> str | None:
         return None
 
 
-def export(checkpoint_path: Path, name: str, command: str, out_dir: Path = SHIPPED_DIR, note: str = "") -> Path:
+def export(
+    checkpoint_path: Path, name: str, command: str, out_dir: Path = SHIPPED_DIR, note: str = "", commit: str | None = None
+) -> Path:
     checkpoint = load_checkpoint(checkpoint_path, "checkpoint")
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
@@ -56,7 +58,7 @@ def export(checkpoint_path: Path, name: str, command: str, out_dir: Path = SHIPP
         "parameters": int(sum(t.numel() for t in tensors.values())),
         "weights_sha256": sha256(weights),
         "command": command,
-        "trained_at_commit": git_commit(),
+        "trained_at_commit": commit or git_commit(),
         "epochs": int(checkpoint.get("epoch", -1)) + 1,
         "global_step": int(checkpoint.get("global_step", -1)),
         "model": {k: v for k, v in hparams.items() if not k.startswith("_")},
@@ -76,8 +78,9 @@ def main() -> None:
     parser.add_argument("--command", required=True, help="the exact command that trained the checkpoint")
     parser.add_argument("--note", default="")
     parser.add_argument("--out-dir", type=Path, default=SHIPPED_DIR)
+    parser.add_argument("--commit", default=None, help="the commit the fit ran (default: HEAD now)")
     args = parser.parse_args()
-    path = export(args.checkpoint, args.name, args.command, args.out_dir, args.note)
+    path = export(args.checkpoint, args.name, args.command, args.out_dir, args.note, args.commit)
     print(f"wrote {path} and {path.with_suffix('.json')}")
 
 
