@@ -46,13 +46,16 @@ def choose_weight(per_example: dict[float, torch.Tensor], min_gain_z: float = MI
     """
     if 0.0 not in per_example:
         raise ValueError("choosing a fusion weight needs BM25's column (weight 0)")
-    bm25 = per_example[0.0].double()
+    # A few numbers per example, whatever device evaluation ran on: decided on the host, in float64,
+    # so no tensor made here meets one on the model's device (and the answer is a plain float).
+    per_example = {w: values.detach().cpu().double() for w, values in per_example.items()}
+    bm25 = per_example[0.0]
     width = bm25.shape[1]
     scale = torch.ones(width, dtype=torch.float64)
     scale[-1] = 100.0  # MRR is in [0, 1], recalls in percent
 
     def qualifies(weight: float) -> bool:
-        values = per_example[weight].double()
+        values = per_example[weight]
         if weight == 0.0:
             return True
         if len(values) < 2 or (values.mean(0) < bm25.mean(0)).any():
@@ -61,7 +64,7 @@ def choose_weight(per_example: dict[float, torch.Tensor], min_gain_z: float = MI
         return bool(gain.mean() >= min_gain_z * gain.std() / math.sqrt(len(gain)) and gain.mean() > 0)
 
     order = [max(0, width - 2), width - 1, 0]
-    means = {w: per_example[w].double().mean(0) if len(per_example[w]) else torch.zeros(width) for w in per_example}
+    means = {w: per_example[w].mean(0) if len(per_example[w]) else torch.zeros(width, dtype=torch.float64) for w in per_example}
     allowed = [w for w in sorted(per_example) if qualifies(w)]
     return max(allowed, key=lambda w: tuple(float(means[w][i]) for i in order) + (-w,))
 
