@@ -147,3 +147,38 @@ def test_another_architecture_is_refused_in_one_line():
     config = retriever_config()
     adopt_checkpoint_hparams(config, saved, explicit=set())
     assert config.model.init_args.model_name == config.data.model_name == "byt5-mini"
+
+
+def test_a_new_fit_from_a_finished_one_forgets_early_stopping_state(toy_dataset, tmp_path):
+    """A lifelong stage (or progressive training) starts from the checkpoint of a finished fit. Lightning would
+    restore EarlyStopping's best score, wait count and patience from it, and stop the new fit after one epoch
+    because the earlier fit (another repository) scored higher; it must train its whole plan."""
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+
+    def fit(max_epochs: int, ckpt_path: Path | None = None) -> pl.Trainer:
+        pl.seed_everything(0)
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=0)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=4, num_hard_negatives=0)
+        stop = EarlyStopping(monitor="Recall@10_val", mode="max", patience=2)
+        checkpoints = ModelCheckpoint(dirpath=tmp_path / f"fit{max_epochs}", save_last=True, monitor="Recall@10_val", mode="max")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             callbacks=[stop, checkpoints], default_root_dir=tmp_path)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return trainer
+
+    fit(1)
+    path = tmp_path / "fit1" / "last.ckpt"
+    saved = torch.load(path, weights_only=True)
+    assert saved[FIT_STATE_KEY]["finished"] is True
+    (key,) = [k for k in saved["callbacks"] if k.startswith("EarlyStopping")]
+    # The earlier fit: a score no later epoch reaches, patience almost spent, and a patience of 1.
+    saved["callbacks"][key].update(best_score=torch.tensor(1000.0), wait_count=0, patience=1)
+    torch.save(saved, path)
+
+    second = fit(4, path)  # epochs 1, 2, 3
+    assert second.current_epoch == 4

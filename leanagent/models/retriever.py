@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from pytorch_lightning.trainer.states import TrainerFn
 
-from leanagent.checkpoints import FIT_STATE_KEY, FitState, next_fit_start
+from leanagent.checkpoints import FIT_STATE_KEY, FitState, drop_per_fit_callback_state, next_fit_start
 from leanagent.errors import LeanAgentError
 from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
@@ -479,6 +479,12 @@ class PremiseRetriever(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
+        # Runs before Lightning restores the callbacks from the same dict: a new fit starts their per-fit state afresh.
+        if self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
+            cleared = drop_per_fit_callback_state(checkpoint)
+            if cleared and self.trainer.is_global_zero:
+                log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
+                         "wait count and patience)", ", ".join(k.split("{")[0] for k in cleared))
         if self.ewc is not None:
             state = checkpoint.get("state_dict", {})
             moved = [n for n in self.ewc.names if n in state and not torch.equal(state[n].float(), self.ewc.theta_star[n].cpu())]
