@@ -126,6 +126,16 @@ class StageInterrupted(LeanAgentError):
         self.exit_code = exit_code
 
 
+STAGE_ENV = "LEANAGENT_LIFELONG_STAGE"  # set in a stage's environment: the runner speaks for it
+
+
+def _own_process_group() -> dict:
+    """Popen arguments that start the child in a new process group of the same session (terminal kept)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # Python 3.10
+
+
 def _run(command: list[str], cwd: Path, what: str) -> None:
     """Run a stage's command; SIGTERM and SIGINT sent to this process are passed on to it, not left behind."""
     cwd.mkdir(parents=True, exist_ok=True)
@@ -134,7 +144,11 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
     # Stages import the same leanagent as this process, whatever is installed elsewhere.
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    child = subprocess.Popen(command, cwd=cwd, env=env)
+    # The stage tells the user nothing about resuming itself: the runner's advice (rerun) is the one that holds.
+    env[STAGE_ENV] = "1"
+    # Its own process group: a terminal's Ctrl-C (or a killpg) reaches this process alone, which passes it
+    # on once. In the terminal's group the stage would get it twice, and a second Ctrl-C stops a fit at once.
+    child = subprocess.Popen(command, cwd=cwd, env=env, **_own_process_group())
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
