@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.core.optimizer import _MockOptimizer
 
 from leanagent.errors import LeanAgentError
 
@@ -33,10 +34,16 @@ log = logging.getLogger("leanagent")
 class Preempted(Exception):
     """Raised on every rank once a resumable checkpoint of the interrupted fit is on disk."""
 
-    def __init__(self, signum: int, checkpoint: str | None, epoch: int, step: int) -> None:
+    def __init__(self, signum: int, checkpoint: str | None, epoch: int, step: int, resumable: bool = True) -> None:
         self.signum = signum
         self.checkpoint = checkpoint
         name = signal.Signals(signum).name
+        if not resumable:
+            # A pass with no optimizer (the Fisher computation) cannot continue from a checkpoint: `fit`
+            # refuses one without optimizer state, so the only advice that works is to run it again.
+            super().__init__(f"stopped by {name} at epoch {epoch}, step {step}; this pass (no optimizer, such as the "
+                             "Fisher computation) cannot resume: run the same command again to compute it from the start")
+            return
         where = f"saved {checkpoint} at epoch {epoch}, step {step}" if checkpoint else "no checkpoint callback to save with"
         super().__init__(
             f"stopped by {name}: {where}; to resume, run the same command with --ckpt_path={checkpoint}"
@@ -106,6 +113,9 @@ class PreemptionCheckpoint(Callback):
         signum = self._agreed_signal(trainer)
         if not signum:
             return
+        if all(isinstance(o, _MockOptimizer) for o in trainer.optimizers):
+            # No optimizer (configure_optimizers gave none): nothing a resumed fit could continue; write no checkpoint.
+            raise Preempted(signum, None, trainer.current_epoch, trainer.global_step, resumable=False)
         raise Preempted(signum, self._save(trainer), trainer.current_epoch, trainer.global_step)
 
     @staticmethod
