@@ -89,7 +89,36 @@ def test_choose_weight_ignores_a_gain_within_the_noise_of_a_small_split():
     per_example = {w: base.clone() for w in HYBRID_GRID}
     per_example[0.5] = better
     assert choose_weight(per_example) == 0.0
-    assert choose_weight(per_example, min_gain_z=0.0) == 0.5
+    assert choose_weight({0.0: base, 0.5: better}, alpha=0.5) == 0.5  # the test, not the metrics, keeps it out
+
+
+def _gain_of(hits: int, n: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
+    """BM25 finding nothing, and a weight that finds the positive in its first 10 for `hits` of n states."""
+    bm25 = torch.zeros(n, 3)
+    better = bm25.clone()
+    better[:hits, 1] = 100.0
+    return bm25, better
+
+
+def test_choose_weight_corrects_for_the_number_of_weights_tried():
+    """5 of 100 states better is z = 2.27: enough for one comparison, not for the best of ten (Holm)."""
+    bm25, better = _gain_of(5)
+    assert choose_weight({0.0: bm25, 0.5: better}) == 0.5  # one weight tried: one-sided z >= 2 suffices
+    per_example = {w: bm25.clone() for w in HYBRID_GRID}
+    per_example[0.5] = better
+    assert choose_weight(per_example) == 0.0  # ten tried: 2.27 is below Holm's first bar (z >= 2.84)
+    per_example[0.5] = _gain_of(10)[1]  # z = 3.3: significant among ten
+    assert choose_weight(per_example) == 0.5
+
+
+def test_holm_steps_down_from_the_smallest_p_value():
+    from leanagent.retrieval.fusion import holm
+
+    p = {0.1: 0.004, 0.2: 0.012, 0.3: 0.02, 0.4: 0.5}
+    assert holm(p, 0.05) == {0.1, 0.2, 0.3}  # 0.004 <= 0.05/4, 0.012 <= 0.05/3, 0.02 <= 0.05/2, 0.5 > 0.05
+    assert holm({**p, 0.2: 0.02, 0.3: 0.012}, 0.05) == {0.1, 0.2, 0.3}
+    assert holm({0.1: 0.02, 0.2: 0.004}, 0.01) == {0.2}  # 0.02 > 0.01/1: stops there
+    assert holm({0.1: 0.2}, 0.05) == set()
 
 
 def test_unknown_retrieval_mode_is_rejected():
