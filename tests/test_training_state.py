@@ -182,3 +182,35 @@ def test_a_new_fit_from_a_finished_one_forgets_early_stopping_state(toy_dataset,
 
     second = fit(4, path)  # epochs 1, 2, 3
     assert second.current_epoch == 4
+
+
+def test_a_fit_with_dropout_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(toy_dataset, tmp_path):
+    """Dropout draws from the global RNG, which Lightning neither saves nor restores: a resumed fit must still
+    draw the masks the uninterrupted fit drew at the same batch (in one process: Preempted is caught here)."""
+    from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+    from tests.helpers import Dropout, SignalAtStep
+
+    def fit(folder: str, ckpt_path: str | None = None, stop_at: int | None = None) -> dict:
+        pl.seed_everything(7)
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=1, lr=1e-2)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=1, num_hard_negatives=0)
+        callbacks = [Dropout(0.3), PreemptionCheckpoint(), ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)]
+        if stop_at is not None:
+            callbacks.append(SignalAtStep(step=stop_at))
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, limit_val_batches=0,
+                             enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return torch.load(tmp_path / folder / "last.ckpt", weights_only=True)
+
+    expected = fit("straight")
+    assert expected["global_step"] == 8  # 4 pairs, 2 epochs
+    with pytest.raises(Preempted):
+        fit("stopped", stop_at=5)  # in the middle of epoch 1
+    assert torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)["global_step"] == 6
+    final = fit("stopped", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"))
+    assert final["global_step"] == 8
+    for name, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][name], tensor, rtol=0, atol=1e-6)

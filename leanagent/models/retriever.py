@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,6 +96,12 @@ def warmup_cosine(warmup_steps: int, total_steps: int, start_step: int = 0):
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
     return factor
+
+
+def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
+    """A 63-bit seed that is a function of (seed, epoch, batch, rank) alone (numpy's SeedSequence mixing)."""
+    state = np.random.SeedSequence([seed % 2**63, epoch, batch_idx, rank]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 31 ^ int(state[1])
 
 
 class PremiseRetriever(pl.LightningModule):
@@ -217,6 +225,23 @@ class PremiseRetriever(pl.LightningModule):
         synchronised once. Logged as `<name>_step` and `<name>_epoch`, as Lightning names them."""
         self.log(f"{name}_step", value, on_step=True, on_epoch=False, prog_bar=prog_bar, batch_size=size)
         self.log(f"{name}_epoch", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)
+
+    def on_fit_start(self) -> None:
+        # The run's seed (seed_everything's, the same when the same command resumes), for per-batch RNG seeds.
+        self._rng_seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+
+    def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Seed the global RNGs from (seed, epoch, batch, rank) before every training batch.
+
+        Dropout (ByT5-small has 0.1) draws from the global torch RNG, which Lightning does not checkpoint,
+        and which iterator creation and validation also draw from: a resumed fit would draw other masks.
+        Seeded per batch, the masks of batch b of epoch e on rank r are the same in an uninterrupted and a
+        resumed fit, and no RNG state needs saving. Negatives and the training order are seeded already.
+        """
+        seed = batch_seed(getattr(self, "_rng_seed", 0), self.current_epoch, batch_idx, self.global_rank)
+        torch.manual_seed(seed)  # CPU and every CUDA device
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
 
     def on_train_epoch_start(self) -> None:
         # New negatives each epoch come from the training sampler's set_epoch (see EpochShuffledSampler).
