@@ -184,6 +184,23 @@ class RetrievalDataModule(pl.LightningDataModule):
         self._state_tokens: dict[str, TokenTable] = {}
         self._train: TrainingPairs | None = None
 
+    # Settings that decide what the encoder reads: an evaluation must use the ones the checkpoint trained with.
+    ENCODER_INPUT_KEYS = ("premise_text", "max_seq_len", "model_name")
+
+    @classmethod
+    def for_checkpoint(cls, checkpoint: dict[str, Any], data_path: str, corpus_path: str, **settings: Any) -> "RetrievalDataModule":
+        """A data module for evaluating `checkpoint` on another dataset, reading text as its fit did.
+
+        Its data settings (`datamodule_hyper_parameters`, which LightningCLI saves) give premise_text,
+        max_seq_len and model_name; the model's own hyperparameters give the last two for checkpoints
+        without them. Defaults would embed a model trained on raw code (`premise_text: code`) on serialized
+        text. `settings` (eval_batch_size, ...) are passed on.
+        """
+        saved = dict(checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
+        model = dict(checkpoint.get("hyper_parameters") or {})
+        inputs = {k: saved[k] if k in saved else model[k] for k in cls.ENCODER_INPUT_KEYS if k in saved or k in model}
+        return cls(data_path=data_path, corpus_path=corpus_path, **{**inputs, **settings})
+
     # Loaded on first use, after the barrier callback has synchronised the ranks.
     @property
     def tokenizer(self):
