@@ -513,7 +513,7 @@ class PremiseRetriever(pl.LightningModule):
         if self.ewc is not None:
             state = checkpoint.get("state_dict", {})
             moved = [n for n in self.ewc.names if n in state and not torch.equal(state[n].float(), self.ewc.theta_star[n].cpu())]
-            if moved:
+            if moved and self.global_rank == 0:  # every rank loads the checkpoint; one warning is enough
                 log.warning(
                     "EWC: this fit starts from weights other than the Fisher's theta* (%d of %d tensors differ, e.g. %s); "
                     "the penalty pulls towards %s", len(moved), len(self.ewc.names), moved[0], self.ewc.source,
