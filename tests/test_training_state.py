@@ -214,3 +214,37 @@ def test_a_fit_with_dropout_stopped_mid_epoch_and_resumed_equals_an_uninterrupte
     assert final["global_step"] == 8
     for name, tensor in expected["state_dict"].items():
         torch.testing.assert_close(final["state_dict"][name], tensor, rtol=0, atol=1e-6)
+
+
+def test_a_rerun_in_a_folder_with_checkpoints_says_once_what_it_does(toy_dataset, tmp_path, recwarn):
+    import logging
+
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+
+    def fit() -> None:
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=0)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=4, num_hard_negatives=0)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, limit_val_batches=0,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)])
+        trainer.fit(model, datamodule=data)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("leanagent")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # as the CLI sets it
+    try:
+        fit()
+        assert not [r for r in records if "earlier fit" in r.getMessage()]
+        fit()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    said = [r.getMessage() for r in records if "earlier fit" in r.getMessage()]
+    assert len(said) == 1 and "starts afresh" in said[0] and "last.ckpt" in said[0]
+    assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
