@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
+from leanagent.checkpoints import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.fisher import load_retriever
 from leanagent.retrieval.fusion import RETRIEVAL_MODES
@@ -41,9 +42,9 @@ def main() -> None:
         stored = sorted(model.hybrid_weights.values())
         trainer = pl.Trainer(accelerator="auto", devices=1, precision=args.precision, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-        datamodule = RetrievalDataModule(
-            data_path=str(dataset / args.split_dir), corpus_path=str(dataset / "corpus.jsonl"),
-            eval_batch_size=args.eval_batch_size, max_seq_len=model.hparams.max_seq_len, model_name=model.model_name,
+        datamodule = RetrievalDataModule.for_checkpoint(  # the checkpoint's premise_text, max_seq_len, model_name
+            load_checkpoint(args.checkpoint, "checkpoint"), str(dataset / args.split_dir), str(dataset / "corpus.jsonl"),
+            eval_batch_size=args.eval_batch_size,
         )
         for split, run in (("test", trainer.test), ("val", trainer.validate), ("test*", trainer.test)):
             start = time.perf_counter()

@@ -80,3 +80,25 @@ def next_fit_start(checkpoint: dict[str, Any]) -> tuple[int, int]:
     if not state.finished:
         return state.start_epoch, state.start_step
     return int(checkpoint.get("epoch", -1)) + 1, int(checkpoint.get("global_step", 0))
+
+
+# State of callbacks that belongs to one fit: EarlyStopping's best score, wait count and patience.
+PER_FIT_CALLBACK_KEYS = ("wait_count", "stopped_epoch", "best_score", "patience")
+
+
+def drop_per_fit_callback_state(checkpoint: dict[str, Any]) -> list[str]:
+    """Before a fit that starts from the checkpoint of a finished fit (progressive training, a lifelong
+    stage), forget the callback state that belongs to that earlier fit; returns the callbacks cleared.
+
+    Lightning would restore EarlyStopping's best score, wait count and even its patience from the
+    checkpoint, so a stage could stop after one epoch because an earlier repository scored higher. An
+    interrupted fit keeps it: resuming that fit continues its early stopping exactly.
+    """
+    callbacks = checkpoint.get("callbacks")
+    if not fit_state(checkpoint).finished or not isinstance(callbacks, dict):
+        return []
+    cleared = [key for key, state in callbacks.items()
+               if str(key).startswith("EarlyStopping") or isinstance(state, dict) and {"wait_count", "best_score"} <= set(state)]
+    for key in cleared:
+        del callbacks[key]
+    return cleared

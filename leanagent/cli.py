@@ -305,7 +305,9 @@ def main(args: list[str] | None = None) -> None:
         else:
             LeanAgentCLI(args=args)
     except Preempted as stop:
-        if os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") in ("", "0"):
+        # Inside a lifelong stage the runner says what to do (rerun the lifelong command), not --ckpt_path.
+        stage = os.environ.get("LEANAGENT_LIFELONG_STAGE") == "1"
+        if not stage and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") in ("", "0"):
             print(f"preempted: {stop}", file=sys.stderr)
         sys.exit(128 + stop.signum)
     except ArgumentError as e:

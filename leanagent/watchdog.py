@@ -56,6 +56,9 @@ POLL_S = 1.0  # the watchdog thread's period
 FLUSH_S = 1.0  # at most one heartbeat write per second while the phase stays the same
 ALIVE_S = 6.0  # a rank whose thread has not written for this long cannot report (stopped or frozen)
 STACK_WAIT_S = 3.0  # how long the reporter waits for the other ranks' stack dumps
+# Exit codes of a rank that stopped on SIGTERM or Ctrl-C once the ranks had agreed and rank 0 had saved
+# (128 + signal, leanagent.cli.main): a stop on purpose, not a lost rank.
+PREEMPTED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
 LOST_GRACE_S = 10.0  # after a lost rank, how long survivors get to exit on their own before being killed
 
 _current: _Heartbeat | None = None  # this process's heartbeat while a Watchdog runs
@@ -456,9 +459,11 @@ def _make_observer_class():
             for proc in self._child_processes:
                 proc.poll()
             codes = [proc.returncode for proc in self._child_processes]
-            if all(code == 0 for code in codes):
+            if all(code == 0 or code in PREEMPTED_CODES for code in codes):
+                # Every child finished, or stopped on a signal after rank 0's checkpoint (exit 128 + signal,
+                # callbacks/preemption.py): rank 0 ends the same way on its own and says so itself.
                 return True
-            failed = [(i + 1, p) for i, p in enumerate(self._child_processes) if p.returncode]
+            failed = [(i + 1, p) for i, p in enumerate(self._child_processes) if p.returncode and p.returncode not in PREEMPTED_CODES]
             if not failed:
                 return False
             self.reason = f"rank {self._global_rank(failed[0][0])} ended early"

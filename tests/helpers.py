@@ -7,6 +7,7 @@ import signal
 import time
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import Callback
 
 
@@ -32,3 +33,17 @@ class SignalAtStep(Callback):
         if trainer.global_rank == 0 and not self.sent and trainer.global_step >= self.step:
             self.sent = True
             os.kill(os.getpid(), self.signum)
+
+
+class Dropout(Callback):
+    """Turns on dropout with rate `p` in every dropout layer of the model (the presets have none; ByT5-small has 0.1)."""
+
+    def __init__(self, p: float = 0.1) -> None:
+        self.p = p
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        for module in pl_module.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = self.p
+            if hasattr(module, "dropout") and isinstance(module.dropout, float):  # T5Attention's functional dropout
+                module.dropout = self.p

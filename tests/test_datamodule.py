@@ -142,3 +142,24 @@ def test_a_padding_copy_is_the_same_item_marked(toy_dataset):
     copy = pairs[-1 - 1]
     assert copy["padding"] is True and copy["index"] == 1 and "padding" not in pairs[1]
     assert (copy["negatives"] == pairs[1]["negatives"]).all()
+
+
+def _served(loader) -> list[tuple[list[int], list[list[int]]]]:
+    """Each batch's pair indices and candidate token ids (the negatives drawn for it)."""
+    return [(b["index"].tolist(), b["cand_ids"].tolist()) for b in loader]
+
+
+def test_a_loader_with_workers_serves_the_epoch_set_after_iter_was_called(toy_dataset):
+    """Lightning calls iter() on the training loader before set_epoch (and on a resumed epoch never again):
+    worker processes must still get that epoch's order, negatives and mid-epoch skip."""
+    expected_loader = datamodule(toy_dataset, batch_size=1, num_hard_negatives=0).train_dataloader()
+    expected_loader.sampler.set_epoch(3)
+    expected_loader.sampler.skip, expected_loader.sampler.skip_epoch = 1, 3
+    expected = _served(expected_loader)
+    assert len(expected) == 3  # four pairs, one skipped
+
+    loader = datamodule(toy_dataset, batch_size=1, num_hard_negatives=0, num_workers=1).train_dataloader()
+    loader.sampler.skip, loader.sampler.skip_epoch = 1, 3
+    iterator = iter(loader)  # as Lightning's setup_data does, before the epoch is known
+    loader.sampler.set_epoch(3)
+    assert [(b["index"].tolist(), b["cand_ids"].tolist()) for b in iterator] == expected

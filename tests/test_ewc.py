@@ -111,3 +111,29 @@ def test_online_combination(retriever_checkpoint, tmp_path):
     combine_fisher(tmp_path / "old.safetensors", tmp_path / "new.safetensors", 0.5, tmp_path / "both.safetensors")
     combined = load_file(str(tmp_path / "both.safetensors"))
     assert all(torch.all(t == 0.5 * 2.0 + 3.0) for t in combined.values())
+
+
+def test_the_warning_that_a_fit_starts_away_from_theta_star_is_printed_once_not_per_rank(retriever_checkpoint, tmp_path):
+    import logging
+    from types import SimpleNamespace
+
+    from pytorch_lightning.trainer.states import TrainerFn
+
+    fisher_for(retriever_checkpoint, tmp_path / "f.safetensors", embed_theta=True)
+    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
+    checkpoint["state_dict"] = {k: v + 1.0 if v.is_floating_point() else v for k, v in checkpoint["state_dict"].items()}
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("leanagent")
+    logger.addHandler(handler)
+    try:
+        for rank in (0, 1, 2, 3):  # what each DDP rank runs when it loads the checkpoint
+            model = PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
+            model._trainer = SimpleNamespace(global_rank=rank, is_global_zero=rank == 0,
+                                             state=SimpleNamespace(fn=TrainerFn.FITTING))
+            model.on_load_checkpoint(checkpoint)
+    finally:
+        logger.removeHandler(handler)
+    assert [r.getMessage()[:40] for r in records if "theta*" in r.getMessage()] == [
+        "EWC: this fit starts from weights other "]

@@ -121,3 +121,22 @@ def test_missing_or_mismatched_checkpoint(tmp_path, retriever_checkpoint):
     junk.write_bytes(b"not a checkpoint")
     with pytest.raises(LeanAgentError, match="is not a loadable weights-only checkpoint"):
         load_retriever(junk)
+
+
+def test_a_preempted_fisher_pass_says_to_rerun_not_to_resume(retriever_checkpoint, toy_dataset, tmp_path):
+    """`fit --ckpt_path` refuses a checkpoint without optimizer state, so a stopped Fisher pass must not
+    point there: no checkpoint is written and the advice is to run the same command again."""
+    from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
+    from tests.helpers import SignalAtStep
+
+    module = FisherInformation(ckpt_path=str(retriever_checkpoint), output_path=str(tmp_path / "f.safetensors"), max_seq_len=32)
+    data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                               max_seq_len=32, batch_size=1, num_hard_negatives=0)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                         callbacks=[PreemptionCheckpoint(), SignalAtStep(step=0)])
+    with pytest.raises(Preempted) as stopped:
+        trainer.fit(module, datamodule=data)
+    message = str(stopped.value)
+    assert message.startswith("stopped by SIGTERM") and "run the same command again" in message
+    assert "--ckpt_path" not in message and not list(tmp_path.glob("*.ckpt"))

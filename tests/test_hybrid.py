@@ -91,7 +91,36 @@ def test_choose_weight_ignores_a_gain_within_the_noise_of_a_small_split():
     per_example = {w: base.clone() for w in HYBRID_GRID}
     per_example[0.5] = better
     assert choose_weight(per_example) == 0.0
-    assert choose_weight(per_example, min_gain_z=0.0) == 0.5
+    assert choose_weight({0.0: base, 0.5: better}, alpha=0.5) == 0.5  # the test, not the metrics, keeps it out
+
+
+def _gain_of(hits: int, n: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
+    """BM25 finding nothing, and a weight that finds the positive in its first 10 for `hits` of n states."""
+    bm25 = torch.zeros(n, 3)
+    better = bm25.clone()
+    better[:hits, 1] = 100.0
+    return bm25, better
+
+
+def test_choose_weight_corrects_for_the_number_of_weights_tried():
+    """5 of 100 states better is z = 2.27: enough for one comparison, not for the best of ten (Holm)."""
+    bm25, better = _gain_of(5)
+    assert choose_weight({0.0: bm25, 0.5: better}) == 0.5  # one weight tried: one-sided z >= 2 suffices
+    per_example = {w: bm25.clone() for w in HYBRID_GRID}
+    per_example[0.5] = better
+    assert choose_weight(per_example) == 0.0  # ten tried: 2.27 is below Holm's first bar (z >= 2.84)
+    per_example[0.5] = _gain_of(10)[1]  # z = 3.3: significant among ten
+    assert choose_weight(per_example) == 0.5
+
+
+def test_holm_steps_down_from_the_smallest_p_value():
+    from leanagent.retrieval.fusion import holm
+
+    p = {0.1: 0.004, 0.2: 0.012, 0.3: 0.02, 0.4: 0.5}
+    assert holm(p, 0.05) == {0.1, 0.2, 0.3}  # 0.004 <= 0.05/4, 0.012 <= 0.05/3, 0.02 <= 0.05/2, 0.5 > 0.05
+    assert holm({**p, 0.2: 0.02, 0.3: 0.012}, 0.05) == {0.1, 0.2, 0.3}
+    assert holm({0.1: 0.02, 0.2: 0.004}, 0.01) == {0.2}  # 0.02 > 0.01/1: stops there
+    assert holm({0.1: 0.2}, 0.05) == set()
 
 
 def test_unknown_retrieval_mode_is_rejected():
@@ -215,3 +244,28 @@ def test_lifelong_evaluation_reports_dense_and_hybrid_with_each_datasets_own_wei
     chosen = evaluate_checkpoint(retriever_checkpoint, datasets, "val", num_retrieved=20)["mini"]["hybrid_weight"]
     assert results["hybrid_weight"] == chosen
     assert logged["Recall@10_test"] == pytest.approx(results["Recall@10"])
+
+
+def test_lifelong_evaluation_reads_text_as_the_checkpoint_was_trained(retriever_checkpoint, toy_dataset, tmp_path, monkeypatch):
+    """A model trained on raw premise code (data.premise_text: code, max_seq_len 48) must be evaluated on raw
+    code cut at 48 tokens, not on the defaults' serialized text."""
+    import leanagent.lifelong.evaluation as evaluation
+
+    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
+    checkpoint["datamodule_hyper_parameters"] = {"premise_text": "code", "max_seq_len": 48, "model_name": "byt5-tiny",
+                                                 "data_path": "elsewhere", "eval_batch_size": 7}
+    path = tmp_path / "code.ckpt"
+    torch.save(checkpoint, path)
+    built: list[RetrievalDataModule] = []
+
+    class Recorded(RetrievalDataModule):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(evaluation, "RetrievalDataModule", Recorded)
+    evaluation.evaluate_checkpoint(path, {"toy": (toy_dataset / "random", toy_dataset / "corpus.jsonl")}, "test",
+                                   eval_batch_size=16, num_retrieved=10)
+    (datamodule,) = built
+    assert (datamodule.premise_text, datamodule.max_seq_len, datamodule.eval_batch_size) == ("code", 48, 16)
+    assert datamodule.data_path == toy_dataset / "random"

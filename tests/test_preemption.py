@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +21,12 @@ pytestmark = pytest.mark.slow  # real subprocesses
 RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
 
 
-def fit_args(dataset: Path) -> list[str]:
+def fit_args(dataset: Path, num_workers: int = 0) -> list[str]:
     return [
         "fit", "--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.precision=32-true",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.accumulate_grad_batches=1",
         f"--data.data_path={dataset / 'random'}", f"--data.corpus_path={dataset / 'corpus.jsonl'}", "--data.max_seq_len=64",
-        "--data.batch_size=4", "--progressive.epochs_per_repo=2",
+        "--data.batch_size=4", "--progressive.epochs_per_repo=2", f"--data.num_workers={num_workers}",
     ]
 
 
@@ -33,8 +39,11 @@ def final_state(workdir: Path) -> tuple[dict, float]:
     return checkpoint, recall
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("signal_name, code", [("SIGTERM", 143)])
-def test_a_fit_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(tmp_path, mini_dataset, signal_name, code):
+def test_a_fit_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(tmp_path, mini_dataset, signal_name, code, num_workers):
+    # Worker processes draw their first indices when the loader's iterator is made (before Lightning sets
+    # the epoch of a resumed fit): with 2 workers the resumed epoch must still skip what was trained.
     straight = tmp_path / "straight"
     straight.mkdir()
     result = run_cli(fit_args(mini_dataset), cwd=straight)
@@ -46,7 +55,7 @@ def test_a_fit_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(tmp_pat
     stopped = tmp_path / "stopped"
     stopped.mkdir()
     stop_at = steps_per_epoch + steps_per_epoch // 2  # the middle of epoch 1
-    result = run_cli([*fit_args(mini_dataset), f"--trainer.callbacks+=tests.helpers.SignalAtStep",
+    result = run_cli([*fit_args(mini_dataset, num_workers), f"--trainer.callbacks+=tests.helpers.SignalAtStep",
                       f"--trainer.callbacks.step={stop_at}", f"--trainer.callbacks.signal_name={signal_name}"], cwd=stopped)
     assert result.returncode == code, result.stderr[-3000:]
     (line,) = [l for l in result.stderr.splitlines() if l.startswith("preempted:")]
@@ -57,10 +66,88 @@ def test_a_fit_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(tmp_pat
     assert partial["leanagent_fit"]["finished"] is False
 
     ckpt_path = re.search(r"--ckpt_path=(\S+)", line).group(1)
-    resumed = run_cli([*fit_args(mini_dataset), f"--ckpt_path={ckpt_path}"], cwd=stopped)
+    resumed = run_cli([*fit_args(mini_dataset, num_workers), f"--ckpt_path={ckpt_path}"], cwd=stopped)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "this fit trains to max_epochs=2" in resumed.stderr  # the interrupted plan, not 2 more epochs
     final, recall = final_state(stopped)
+    assert final["global_step"] == expected["global_step"]
+    for name, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][name], tensor, rtol=0, atol=1e-6)
+    assert recall == pytest.approx(expected_recall, abs=1e-6)
+
+
+def _heartbeat_step(folder: Path) -> tuple[str, int, int] | None:
+    """Rank 0's (phase, batch, epoch) from its heartbeat file, once it is in a training step."""
+    try:
+        record = json.loads((folder / "rank0.json").read_text())
+    except (OSError, ValueError):
+        return None
+    found = re.match(r"(\d+) of epoch (\d+)", str(record.get("step")))
+    return (record["phase"], int(found.group(1)), int(found.group(2))) if found else None
+
+
+def ctrl_c_when_training(args: list[str], cwd: Path, after_batch: int = 0, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `main.py args` in a session of its own and press Ctrl-C as a terminal does: SIGINT to the whole
+    process group (every rank and worker), once rank 0 has finished training batch `after_batch`."""
+    heartbeats = cwd / "heartbeats"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update(PYTHONPATH=str(REPO), LEANAGENT_HEARTBEAT_DIR=str(heartbeats))
+    with open(cwd / "stderr.txt", "w") as err:
+        process = subprocess.Popen([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        deadline = time.time() + timeout
+        while process.poll() is None and time.time() < deadline:
+            step = _heartbeat_step(heartbeats)
+            # Past a whole step on rank 0: every rank has joined its gradient all-reduce, so all handle signals.
+            if step is not None and (step[1] > after_batch or step[0] == "after train step" and step[1] >= after_batch):
+                os.killpg(process.pid, signal.SIGINT)
+                break
+            time.sleep(0.05)
+        try:
+            process.wait(timeout=max(1.0, deadline - time.time()))
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(process.args, process.returncode, "", (cwd / "stderr.txt").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, mini_dataset):
+    """The final state of an uninterrupted fit per number of ranks (workers do not change it)."""
+    runs: dict[int, tuple[dict, float]] = {}
+
+    def get(devices: int) -> tuple[dict, float]:
+        if devices not in runs:
+            folder = tmp_path_factory.mktemp(f"straight{devices}")
+            result = run_cli([*fit_args(mini_dataset), f"--trainer.devices={devices}"], cwd=folder)
+            assert result.returncode == 0, result.stderr[-3000:]
+            runs[devices] = final_state(folder)
+        return runs[devices]
+
+    return get
+
+
+@pytest.mark.parametrize("devices, num_workers", [(2, 0), (2, 2), (4, 0), (4, 1)])
+def test_ctrl_c_to_the_process_group_saves_and_the_same_command_finishes_the_fit(
+    tmp_path, mini_dataset, uninterrupted, devices, num_workers
+):
+    """A terminal's Ctrl-C reaches every rank and every worker at once: each must take it as one request
+    to stop (not a second, 'stop now' Ctrl-C), rank 0 saves last.ckpt, the job exits 130, nobody is lost."""
+    args = [*fit_args(mini_dataset, num_workers), f"--trainer.devices={devices}"]
+    stopped = ctrl_c_when_training(args, tmp_path)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    lines = stopped.stderr.splitlines()
+    (line,) = [l for l in lines if l.startswith("preempted:")]
+    assert "stopped by SIGINT" in line and "--ckpt_path=" in line
+    assert not [l for l in lines if "lost" in l or l.startswith("error")], stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr
+    assert torch.load(tmp_path / "checkpoints" / "retrieval" / "last.ckpt", weights_only=True)["leanagent_fit"]["finished"] is False
+
+    ckpt_path = re.search(r"--ckpt_path=(\S+)", line).group(1)
+    resumed = run_cli([*args, f"--ckpt_path={ckpt_path}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected, expected_recall = uninterrupted(devices)
+    final, recall = final_state(tmp_path)
     assert final["global_step"] == expected["global_step"]
     for name, tensor in expected["state_dict"].items():
         torch.testing.assert_close(final["state_dict"][name], tensor, rtol=0, atol=1e-6)

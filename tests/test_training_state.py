@@ -147,3 +147,104 @@ def test_another_architecture_is_refused_in_one_line():
     config = retriever_config()
     adopt_checkpoint_hparams(config, saved, explicit=set())
     assert config.model.init_args.model_name == config.data.model_name == "byt5-mini"
+
+
+def test_a_new_fit_from_a_finished_one_forgets_early_stopping_state(toy_dataset, tmp_path):
+    """A lifelong stage (or progressive training) starts from the checkpoint of a finished fit. Lightning would
+    restore EarlyStopping's best score, wait count and patience from it, and stop the new fit after one epoch
+    because the earlier fit (another repository) scored higher; it must train its whole plan."""
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+
+    def fit(max_epochs: int, ckpt_path: Path | None = None) -> pl.Trainer:
+        pl.seed_everything(0)
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=0)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=4, num_hard_negatives=0)
+        stop = EarlyStopping(monitor="Recall@10_val", mode="max", patience=2)
+        checkpoints = ModelCheckpoint(dirpath=tmp_path / f"fit{max_epochs}", save_last=True, monitor="Recall@10_val", mode="max")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             callbacks=[stop, checkpoints], default_root_dir=tmp_path)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return trainer
+
+    fit(1)
+    path = tmp_path / "fit1" / "last.ckpt"
+    saved = torch.load(path, weights_only=True)
+    assert saved[FIT_STATE_KEY]["finished"] is True
+    (key,) = [k for k in saved["callbacks"] if k.startswith("EarlyStopping")]
+    # The earlier fit: a score no later epoch reaches, patience almost spent, and a patience of 1.
+    saved["callbacks"][key].update(best_score=torch.tensor(1000.0), wait_count=0, patience=1)
+    torch.save(saved, path)
+
+    second = fit(4, path)  # epochs 1, 2, 3
+    assert second.current_epoch == 4
+
+
+def test_a_fit_with_dropout_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(toy_dataset, tmp_path):
+    """Dropout draws from the global RNG, which Lightning neither saves nor restores: a resumed fit must still
+    draw the masks the uninterrupted fit drew at the same batch (in one process: Preempted is caught here)."""
+    from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+    from tests.helpers import Dropout, SignalAtStep
+
+    def fit(folder: str, ckpt_path: str | None = None, stop_at: int | None = None) -> dict:
+        pl.seed_everything(7)
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=1, lr=1e-2)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=1, num_hard_negatives=0)
+        callbacks = [Dropout(0.3), PreemptionCheckpoint(), ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)]
+        if stop_at is not None:
+            callbacks.append(SignalAtStep(step=stop_at))
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, limit_val_batches=0,
+                             enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return torch.load(tmp_path / folder / "last.ckpt", weights_only=True)
+
+    expected = fit("straight")
+    assert expected["global_step"] == 8  # 4 pairs, 2 epochs
+    with pytest.raises(Preempted):
+        fit("stopped", stop_at=5)  # in the middle of epoch 1
+    assert torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)["global_step"] == 6
+    final = fit("stopped", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"))
+    assert final["global_step"] == 8
+    for name, tensor in expected["state_dict"].items():
+        torch.testing.assert_close(final["state_dict"][name], tensor, rtol=0, atol=1e-6)
+
+
+def test_a_rerun_in_a_folder_with_checkpoints_says_once_what_it_does(toy_dataset, tmp_path, recwarn):
+    import logging
+
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+
+    def fit() -> None:
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=0)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=4, num_hard_negatives=0)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, limit_val_batches=0,
+                             enable_progress_bar=False, enable_model_summary=False,
+                             callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)])
+        trainer.fit(model, datamodule=data)
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("leanagent")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)  # as the CLI sets it
+    try:
+        fit()
+        assert not [r for r in records if "earlier fit" in r.getMessage()]
+        fit()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    said = [r.getMessage() for r in records if "earlier fit" in r.getMessage()]
+    assert len(said) == 1 and "starts afresh" in said[0] and "last.ckpt" in said[0]
+    assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]

@@ -69,6 +69,43 @@ def test_the_lost_rank_is_named_once_per_folder(tmp_path, capsys):
     assert capsys.readouterr().err.count("error: rank 3") == 1
 
 
+class _Exited:
+    """A finished child process as the observer sees it (Popen's poll and returncode)."""
+
+    def __init__(self, code: int) -> None:
+        self.returncode = code
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def kill(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("codes", [(143,), (130, 130, 130), (0, 143)])
+def test_ranks_that_stopped_on_sigterm_or_ctrl_c_are_not_called_lost(codes, monkeypatch, tmp_path, capsys):
+    """Children that exit 128 + SIGTERM/SIGINT after rank 0 saved were preempted: no `lost` line, and the
+    observer must not end rank 0 (exit 4) while it is still saving or exiting with its own code."""
+    monkeypatch.setattr(watchdog, "LOST_GRACE_S", 0.0)
+    monkeypatch.setattr(watchdog, "_last_folder", tmp_path)
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    observer = watchdog._make_observer_class()(main_pid=os.getpid(), child_processes=[_Exited(c) for c in codes])
+    assert observer._run() is True  # nothing more to watch
+    assert "lost" not in capsys.readouterr().err and not observer.named and exits == []
+
+
+def test_a_rank_killed_beside_preempted_ones_is_still_named(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(watchdog, "LOST_GRACE_S", 0.0)
+    monkeypatch.setattr(watchdog, "_last_folder", tmp_path)
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    observer = watchdog._make_observer_class()(main_pid=os.getpid(), child_processes=[_Exited(143), _Exited(-9)])
+    assert observer._run() is True
+    err = capsys.readouterr().err
+    assert "error: rank 2 was lost: killed by SIGKILL" in err and "rank 1 " not in err and exits == [4]
+
+
 def test_collective_errors_are_recognised_through_the_chain():
     gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1234")
     try:

@@ -8,6 +8,7 @@ training epoch, and every file (best and last) is written to a temporary name an
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -18,9 +19,28 @@ from pytorch_lightning.callbacks import ModelCheckpoint as LightningModelCheckpo
 
 from leanagent.errors import LeanAgentError
 
+log = logging.getLogger("leanagent")
+
 
 class ModelCheckpoint(LightningModelCheckpoint):
     """Drop-in for `pytorch_lightning.callbacks.ModelCheckpoint` (same arguments)."""
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: str) -> None:
+        """Lightning's "Checkpoint directory ... exists and is not empty" says nothing about what happens."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if stage != "fit" or not trainer.is_global_zero or not self.dirpath or not os.path.isdir(self.dirpath):
+            return
+        earlier = sorted(p.name for p in Path(self.dirpath).glob("*.ckpt"))
+        if earlier:
+            resumed = trainer.ckpt_path is not None
+            log.info(
+                "%s holds %d checkpoint(s) of an earlier fit (%s): this fit %s; last.ckpt is rewritten at every epoch "
+                "end, a best file of the same name is replaced, other files stay",
+                self.dirpath, len(earlier), ", ".join(earlier[:3]) + (", ..." if len(earlier) > 3 else ""),
+                f"resumes from {trainer.ckpt_path}" if resumed else "starts afresh (it does not resume without --ckpt_path)",
+            )
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         bad = [n for n, p in trainer.lightning_module.named_parameters() if not torch.isfinite(p).all()]

@@ -1,8 +1,9 @@
 """Preemption and Ctrl-C: stop every rank at the next optimizer step, save a resumable last.ckpt, exit non-zero.
 
 SLURM and Kubernetes send SIGTERM before killing a job; a terminal sends SIGINT to every rank. The
-signal handler only sets a flag (no collective may run inside a handler); at each optimizer-step
-boundary the ranks agree on it with one tiny all-reduce, rank 0 writes `last.ckpt` through the
+signal handler only sets a flag (no collective may run inside a handler) and passes nothing on; at each
+optimizer-step boundary the ranks agree on it with one tiny all-reduce (so a signal that reached one
+rank stops them all), rank 0 writes `last.ckpt` through the
 checkpoint callback (atomically), and every rank raises `Preempted`, which the CLI turns into one
 line saying how to resume and exit code 128 + signal. A second Ctrl-C stops at once.
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.callbacks import Callback
+from pytorch_lightning.core.optimizer import _MockOptimizer
 
 from leanagent.errors import LeanAgentError
 
@@ -32,10 +34,16 @@ log = logging.getLogger("leanagent")
 class Preempted(Exception):
     """Raised on every rank once a resumable checkpoint of the interrupted fit is on disk."""
 
-    def __init__(self, signum: int, checkpoint: str | None, epoch: int, step: int) -> None:
+    def __init__(self, signum: int, checkpoint: str | None, epoch: int, step: int, resumable: bool = True) -> None:
         self.signum = signum
         self.checkpoint = checkpoint
         name = signal.Signals(signum).name
+        if not resumable:
+            # A pass with no optimizer (the Fisher computation) cannot continue from a checkpoint: `fit`
+            # refuses one without optimizer state, so the only advice that works is to run it again.
+            super().__init__(f"stopped by {name} at epoch {epoch}, step {step}; this pass (no optimizer, such as the "
+                             "Fisher computation) cannot resume: run the same command again to compute it from the start")
+            return
         where = f"saved {checkpoint} at epoch {epoch}, step {step}" if checkpoint else "no checkpoint callback to save with"
         super().__init__(
             f"stopped by {name}: {where}; to resume, run the same command with --ckpt_path={checkpoint}"
@@ -57,12 +65,12 @@ class PreemptionCheckpoint(Callback):
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        """Only sets the flag. Nothing is passed on to the other ranks: a terminal's Ctrl-C (and SLURM's
+        SIGTERM) reaches every rank already, where a forwarded copy would count as a second Ctrl-C and stop
+        that rank at once; a signal sent to one rank reaches the others through the all-reduce."""
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.received = signum
-        for child in getattr(self._launcher, "procs", None) or []:  # Lightning's ddp launcher: ranks 1..N-1
-            if child.poll() is None:
-                os.kill(child.pid, signum)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After Lightning has registered its own SIGTERM handler (which runs a collective inside the handler).
@@ -70,7 +78,6 @@ class PreemptionCheckpoint(Callback):
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
             log.info("SLURM auto-requeue is on: Lightning's own signal handling saves and requeues")
             return
-        self._launcher = trainer.strategy.launcher
         self.received = None
         for signum in self.signals:
             try:
@@ -106,6 +113,9 @@ class PreemptionCheckpoint(Callback):
         signum = self._agreed_signal(trainer)
         if not signum:
             return
+        if all(isinstance(o, _MockOptimizer) for o in trainer.optimizers):
+            # No optimizer (configure_optimizers gave none): nothing a resumed fit could continue; write no checkpoint.
+            raise Preempted(signum, None, trainer.current_epoch, trainer.global_step, resumable=False)
         raise Preempted(signum, self._save(trainer), trainer.current_epoch, trainer.global_step)
 
     @staticmethod

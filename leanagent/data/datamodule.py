@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import signal
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +33,17 @@ from leanagent.retrieval.bm25 import BM25Index
 log = logging.getLogger("leanagent")
 
 SPLITS = ("train", "val", "test")
+
+
+def ignore_stop_signals(worker_id: int) -> None:
+    """DataLoader workers leave SIGINT and SIGTERM to their rank.
+
+    A terminal's Ctrl-C (or a scheduler's SIGTERM) reaches the whole process group, workers included; a
+    worker that died of it would fail the rank's next batch before the rank could save its checkpoint
+    (callbacks/preemption.py). A worker still ends with its rank (PyTorch's workers watch their parent).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class TrainingPairs(Dataset):
@@ -179,6 +191,23 @@ class RetrievalDataModule(pl.LightningDataModule):
         self._state_tokens: dict[str, TokenTable] = {}
         self._train: TrainingPairs | None = None
 
+    # Settings that decide what the encoder reads: an evaluation must use the ones the checkpoint trained with.
+    ENCODER_INPUT_KEYS = ("premise_text", "max_seq_len", "model_name")
+
+    @classmethod
+    def for_checkpoint(cls, checkpoint: dict[str, Any], data_path: str, corpus_path: str, **settings: Any) -> "RetrievalDataModule":
+        """A data module for evaluating `checkpoint` on another dataset, reading text as its fit did.
+
+        Its data settings (`datamodule_hyper_parameters`, which LightningCLI saves) give premise_text,
+        max_seq_len and model_name; the model's own hyperparameters give the last two for checkpoints
+        without them. Defaults would embed a model trained on raw code (`premise_text: code`) on serialized
+        text. `settings` (eval_batch_size, ...) are passed on.
+        """
+        saved = dict(checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
+        model = dict(checkpoint.get("hyper_parameters") or {})
+        inputs = {k: saved[k] if k in saved else model[k] for k in cls.ENCODER_INPUT_KEYS if k in saved or k in model}
+        return cls(data_path=data_path, corpus_path=corpus_path, **{**inputs, **settings})
+
     # Loaded on first use, after the barrier callback has synchronised the ranks.
     @property
     def tokenizer(self):
@@ -315,6 +344,7 @@ class RetrievalDataModule(pl.LightningDataModule):
             sampler=sampler,
             collate_fn=collate,
             num_workers=self.num_workers,
+            worker_init_fn=ignore_stop_signals,
             persistent_workers=False,
         )
 
@@ -328,19 +358,21 @@ class RetrievalDataModule(pl.LightningDataModule):
             # shards are padded with marked copies that the Fisher leaves out.
             sampler = UnpaddedDistributedSampler(self.train_pairs, world_size, rank, equal_length=True)
             return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=sampler,
-                              collate_fn=self.collate_train, num_workers=self.num_workers)
+                              collate_fn=self.collate_train, num_workers=self.num_workers,
+                              worker_init_fn=ignore_stop_signals)
         if getattr(module, "needs_fixed_order", False):
             # Lightning would inject a shuffled sampler into any training loader; a DistributedSampler is kept.
             in_order = DistributedSampler(self.train_pairs, num_replicas=world_size, rank=rank, shuffle=False)
             return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=in_order,
-                              collate_fn=self.collate_train, num_workers=self.num_workers)
+                              collate_fn=self.collate_train, num_workers=self.num_workers,
+                              worker_init_fn=ignore_stop_signals)
         sampler = EpochShuffledSampler(self.train_pairs, num_replicas=world_size, rank=rank, seed=self.seed)
         resume = getattr(module, "resume_position", None)
         if resume is not None:
             sampler.skip_epoch, sampler.skip = resume[0], resume[1] * self.batch_size
         return ResumableLoader(
             self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collate_train,
-            num_workers=self.num_workers, position=lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed,
+            num_workers=self.num_workers, worker_init_fn=ignore_stop_signals, position=lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         )
 
     def eval_dataloader(self, split: str) -> DataLoader:

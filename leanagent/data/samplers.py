@@ -70,6 +70,29 @@ class EpochShuffledSampler(DistributedSampler):
         return iter(indices)
 
 
+class _IterOnFirstNext:
+    """An iterator that builds the real one on the first `next()`.
+
+    Lightning calls `iter()` on the training loader before it calls the sampler's `set_epoch` (when it
+    sets up the data, and again on a resumed epoch it does not call `iter()` a second time). A loader
+    with worker processes draws its first indices and hands the dataset (its `epoch`) to the workers
+    inside `iter()`, so it would serve epoch 0's order, negatives and skip. The first batch is asked for
+    after `set_epoch`, so building the iterator then serves the epoch being trained.
+    """
+
+    def __init__(self, make: Callable[[], Iterator[Any]]) -> None:
+        self._make = make
+        self._iterator: Iterator[Any] | None = None
+
+    def __iter__(self) -> "_IterOnFirstNext":
+        return self
+
+    def __next__(self) -> Any:
+        if self._iterator is None:
+            self._iterator = self._make()
+        return next(self._iterator)
+
+
 class ResumableLoader(DataLoader):
     """A training DataLoader whose checkpointed state is its place in the epoch (Lightning's stateful loading).
 
@@ -80,6 +103,9 @@ class ResumableLoader(DataLoader):
     def __init__(self, *args: Any, position: Callable[[], int], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.position = position
+
+    def __iter__(self) -> Iterator[Any]:
+        return _IterOnFirstNext(super().__iter__)
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": int(self.sampler.epoch), "batches_done": int(self.position())}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
+from leanagent.checkpoints import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.metrics import metric_names
 from leanagent.models.fisher import load_retriever
@@ -48,9 +49,10 @@ def evaluate_splits(
     names = metric_names(num_retrieved)
     results: dict[str, dict[str, dict[str, float]]] = {split: {} for split in splits}
     for name, (data_path, corpus_path) in datasets.items():
-        datamodule = RetrievalDataModule(
-            data_path=str(data_path), corpus_path=str(corpus_path), eval_batch_size=eval_batch_size,
-            max_seq_len=model.hparams.max_seq_len, model_name=model.model_name,
+        # The checkpoint's own data settings (premise_text, max_seq_len, model_name), not the defaults.
+        datamodule = RetrievalDataModule.for_checkpoint(
+            load_checkpoint(checkpoint, "retriever checkpoint"), str(data_path), str(corpus_path),
+            eval_batch_size=eval_batch_size,
         )
         for split in splits:
             run = trainer.test if split == "test" else trainer.validate

@@ -91,12 +91,55 @@ def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list
     return compute_curriculum(repos, settings.split).order
 
 
+def checkpoint_folder(retrieval_config: str | os.PathLike) -> Path:
+    """Where a stage's fit writes its checkpoints, relative to the stage's fit folder: the `dirpath` of the
+    retrieval config's ModelCheckpoint (`checkpoints/retrieval` in configs/retrieval.yaml,
+    `checkpoints/retrieval_mathlib` in configs/retrieval_mathlib.yaml). Read from the config, not assumed,
+    so that a stage of any recipe finds its fit's last and best checkpoints, and a resume its progress."""
+    import yaml
+
+    path = Path(retrieval_config)
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise LeanAgentError(f"retrieval_config: cannot read {path} ({type(e).__name__})") from None
+    if isinstance(loaded, dict) and isinstance(loaded.get("fit"), dict):
+        loaded = loaded["fit"]
+    trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+    callbacks = trainer.get("callbacks") if isinstance(trainer, dict) else None
+    for callback in callbacks if isinstance(callbacks, list) else []:
+        if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
+            dirpath = (callback.get("init_args") or {}).get("dirpath")
+            if not dirpath:
+                break
+            if Path(dirpath).is_absolute():
+                raise LeanAgentError(
+                    f"retrieval_config: {path}: the ModelCheckpoint dirpath {dirpath} is absolute, so every lifelong "
+                    "stage would write into the same folder; give a relative dirpath (each stage's fit runs in its own folder)"
+                )
+            return Path(dirpath)
+    raise LeanAgentError(
+        f"retrieval_config: {path} names no ModelCheckpoint callback with a dirpath; lifelong stages need one "
+        "(e.g. leanagent.callbacks.checkpoints.ModelCheckpoint with dirpath: checkpoints/retrieval, save_last: true)"
+    )
+
+
 class StageInterrupted(LeanAgentError):
     """SIGTERM or Ctrl-C reached a stage, which saved its place; the same command continues it."""
 
     def __init__(self, exit_code: int, message: str) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+STAGE_ENV = "LEANAGENT_LIFELONG_STAGE"  # set in a stage's environment: the runner speaks for it
+
+
+def _own_process_group() -> dict:
+    """Popen arguments that start the child in a new process group of the same session (terminal kept)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}  # Python 3.10
 
 
 def _run(command: list[str], cwd: Path, what: str) -> None:
@@ -107,7 +150,11 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
     # Stages import the same leanagent as this process, whatever is installed elsewhere.
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    child = subprocess.Popen(command, cwd=cwd, env=env)
+    # The stage tells the user nothing about resuming itself: the runner's advice (rerun) is the one that holds.
+    env[STAGE_ENV] = "1"
+    # Its own process group: a terminal's Ctrl-C (or a killpg) reaches this process alone, which passes it
+    # on once. In the terminal's group the stage would get it twice, and a second Ctrl-C stops a fit at once.
+    child = subprocess.Popen(command, cwd=cwd, env=env, **_own_process_group())
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -137,6 +184,7 @@ class LifelongRun:
         self.settings = settings
         self.out = Path(settings.output_dir).resolve()
         self.state_path = self.out / "state.json"
+        self.checkpoints = checkpoint_folder(settings.retrieval_config)  # relative to a stage's fit folder
 
     def _load_state(self, order: list[str]) -> dict:
         fingerprint = settings_fingerprint(self.settings)
@@ -194,7 +242,7 @@ class LifelongRun:
             log.info("stage %d: its fit had finished before the interruption", index)
         else:
             if progress == "interrupted":
-                start = str(stage_dir / "fit" / "checkpoints" / "retrieval" / "last.ckpt")
+                start = str(self._last_checkpoint(stage_dir))
                 log.info("stage %d: continuing its interrupted fit from %s", index, start)
             elif (stage_dir / "fit").exists():
                 shutil.rmtree(stage_dir / "fit")  # started but saved nothing: start the fit again
@@ -215,10 +263,12 @@ class LifelongRun:
         write_json(stage_dir / "stage.json", stage)
         return stage
 
-    @staticmethod
-    def _fit_progress(stage_dir: Path) -> str:
+    def _last_checkpoint(self, stage_dir: Path) -> Path:
+        return stage_dir / "fit" / self.checkpoints / "last.ckpt"
+
+    def _fit_progress(self, stage_dir: Path) -> str:
         """`none`, `interrupted` (a resumable last.ckpt of an unfinished fit) or `finished`."""
-        last = stage_dir / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
+        last = self._last_checkpoint(stage_dir)
         if not last.is_file():
             return "none"
         try:
@@ -233,8 +283,7 @@ class LifelongRun:
         fit's last epoch, so a copy marked as the end of a fit is handed over, and the next stage trains
         `epochs_per_repo` epochs from it rather than finishing this stage's plan.
         """
-        folder = stage_dir / "fit" / "checkpoints" / "retrieval"
-        last = folder / "last.ckpt"
+        last = self._last_checkpoint(stage_dir)
         if not last.is_file():
             raise LeanAgentError(f"stage {index}: fit wrote no {last}")
         if self.settings.resume_from == "last":

@@ -6,6 +6,8 @@ import contextlib
 import functools
 import logging
 import math
+import os
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from pytorch_lightning.trainer.states import TrainerFn
 
-from leanagent.checkpoints import FIT_STATE_KEY, FitState, next_fit_start
+from leanagent.checkpoints import FIT_STATE_KEY, FitState, drop_per_fit_callback_state, next_fit_start
 from leanagent.errors import LeanAgentError
 from leanagent.fisher_file import check_state_dict
 from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
@@ -130,6 +132,12 @@ def warmup_cosine(warmup_steps: int, total_steps: int, start_step: int = 0):
         return max(0.0, 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
 
     return factor
+
+
+def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
+    """A 63-bit seed that is a function of (seed, epoch, batch, rank) alone (numpy's SeedSequence mixing)."""
+    state = np.random.SeedSequence([seed % 2**63, epoch, batch_idx, rank]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 31 ^ int(state[1])
 
 
 class PremiseRetriever(pl.LightningModule):
@@ -272,6 +280,23 @@ class PremiseRetriever(pl.LightningModule):
         synchronised once. Logged as `<name>_step` and `<name>_epoch`, as Lightning names them."""
         self.log(f"{name}_step", value, on_step=True, on_epoch=False, prog_bar=prog_bar, batch_size=size)
         self.log(f"{name}_epoch", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)
+
+    def on_fit_start(self) -> None:
+        # The run's seed (seed_everything's, the same when the same command resumes), for per-batch RNG seeds.
+        self._rng_seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+
+    def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Seed the global RNGs from (seed, epoch, batch, rank) before every training batch.
+
+        Dropout (ByT5-small has 0.1) draws from the global torch RNG, which Lightning does not checkpoint,
+        and which iterator creation and validation also draw from: a resumed fit would draw other masks.
+        Seeded per batch, the masks of batch b of epoch e on rank r are the same in an uninterrupted and a
+        resumed fit, and no RNG state needs saving. Negatives and the training order are seeded already.
+        """
+        seed = batch_seed(getattr(self, "_rng_seed", 0), self.current_epoch, batch_idx, self.global_rank)
+        torch.manual_seed(seed)  # CPU and every CUDA device
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
 
     def on_train_epoch_start(self) -> None:
         # New negatives each epoch come from the training sampler's set_epoch (see EpochShuffledSampler).
@@ -539,10 +564,16 @@ class PremiseRetriever(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
+        # Runs before Lightning restores the callbacks from the same dict: a new fit starts their per-fit state afresh.
+        if self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
+            cleared = drop_per_fit_callback_state(checkpoint)
+            if cleared and self.trainer.is_global_zero:
+                log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
+                         "wait count and patience)", ", ".join(k.split("{")[0] for k in cleared))
         if self.ewc is not None:
             state = checkpoint.get("state_dict", {})
             moved = [n for n in self.ewc.names if n in state and not torch.equal(state[n].float(), self.ewc.theta_star[n].cpu())]
-            if moved:
+            if moved and self.global_rank == 0:  # every rank loads the checkpoint; one warning is enough
                 log.warning(
                     "EWC: this fit starts from weights other than the Fisher's theta* (%d of %d tensors differ, e.g. %s); "
                     "the penalty pulls towards %s", len(moved), len(self.ewc.names), moved[0], self.ewc.source,

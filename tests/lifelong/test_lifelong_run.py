@@ -118,3 +118,49 @@ def assert_same_rows(rows_a: list[dict], rows_b: list[dict]) -> None:
         assert x.keys() == y.keys() and {"Recall@10/bm25", "Recall@10/hybrid", "hybrid_weight"} <= set(x)
         for key in ("Recall@1", "Recall@10", "MRR", "Recall@10/hybrid", "hybrid_weight"):  # plain names: dense
             assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-9)
+
+
+def two_stages(repos: Path, out: Path) -> list[str]:
+    """Two stages, no EWC: the smallest run in which a stage is interrupted and a later one still runs."""
+    args = command(repos, out)
+    args = [a for a in args if not a.startswith(("--ewc.", "--repositories.names="))]
+    return [*args, "--repositories.names=[list, string]"]
+
+
+def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_finishes_the_run(repos, tmp_path):
+    """A terminal's Ctrl-C reaches the runner and every process in its group; the runner passes it on to its
+    stage once. The stage saves, the run exits 130 with the runner's advice only, and rerunning the
+    command ends with the table of an uninterrupted run."""
+    out = tmp_path / "interrupted"
+    heartbeats = tmp_path / "heartbeats"
+    env = {**os.environ, "LEANAGENT_HEARTBEAT_DIR": str(heartbeats)}
+    with open(tmp_path / "stderr.txt", "w") as err:
+        process = subprocess.Popen(two_stages(repos, out), cwd=tmp_path, env=env, start_new_session=True,
+                                   stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.time() + 600
+        while process.poll() is None and time.time() < deadline:
+            try:
+                record = json.loads((heartbeats / "rank0.json").read_text())
+            except (OSError, ValueError):
+                record = {}
+            if record.get("phase") == "after train step":  # stage 0's fit is training
+                os.killpg(process.pid, signal.SIGINT)
+                break
+            time.sleep(0.05)
+        process.wait(timeout=600)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert process.returncode == 130, stderr[-4000:]
+    assert "stage 0 fit on list stopped by SIGINT" in stderr and "run the same command again" in stderr
+    assert "preempted:" not in stderr and "--ckpt_path" not in stderr  # the runner's advice, not the fit's
+    assert "lost" not in stderr and "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    last = out / "stages" / "00-list" / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
+    assert last.is_file() and not (out / "results.json").exists()
+
+    resumed = subprocess.run(two_stages(repos, out), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "continuing its interrupted fit" in resumed.stderr
+    straight = subprocess.run(two_stages(repos, tmp_path / "straight"), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    a = json.loads((out / "results.json").read_text())
+    b = json.loads((tmp_path / "straight" / "results.json").read_text())
+    assert_same_rows(a["evaluations"], b["evaluations"])

@@ -83,3 +83,45 @@ def test_format_table_aligns_columns():
     text = format_table([{"setup": "a", "FM": 1.23456}, {"setup": "longer", "FM": -2.0}])
     lines = text.splitlines()
     assert lines[1].endswith("1.235") and lines[2].endswith("-2.000") and len({len(l) for l in lines}) == 1
+
+
+def _fit_checkpoint(path: Path, finished: bool, best: Path | None = None) -> Path:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    callbacks = {"ModelCheckpoint{}": {"best_model_path": str(best)}} if best else {}
+    torch.save({"state_dict": {}, "epoch": 0, "global_step": 3, "callbacks": callbacks,
+                "leanagent_fit": {"start_epoch": 0, "start_step": 0, "max_epochs": 1, "finished": finished}}, path)
+    return path
+
+
+def test_a_stage_finds_its_checkpoints_where_the_retrieval_config_writes_them(tmp_path):
+    """configs/retrieval_mathlib.yaml writes checkpoints/retrieval_mathlib: a stage of that recipe must find its
+    fit's progress (to resume) and its last and best checkpoints (to hand over) there."""
+    from leanagent.lifelong.runner import LifelongRun, LifelongSettings, checkpoint_folder
+
+    config = REPO / "configs" / "retrieval_mathlib.yaml"
+    assert checkpoint_folder(config) == Path("checkpoints/retrieval_mathlib")
+    run = LifelongRun(LifelongSettings(output_dir=str(tmp_path / "out"), retrieval_config=str(config)))
+    stage = tmp_path / "out" / "stages" / "00-a"
+    folder = stage / "fit" / "checkpoints" / "retrieval_mathlib"
+    _fit_checkpoint(folder / "last.ckpt", finished=False)
+    assert run._fit_progress(stage) == "interrupted"
+    best = _fit_checkpoint(folder / "epoch=0.ckpt", finished=False)
+    _fit_checkpoint(folder / "last.ckpt", finished=True, best=best)
+    assert run._fit_progress(stage) == "finished"
+    assert run._handover_checkpoint(0, stage) == stage / "best.ckpt"
+
+
+def test_a_retrieval_config_without_a_checkpoint_folder_is_refused(tmp_path):
+    from leanagent.lifelong.runner import checkpoint_folder
+
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("trainer:\n  callbacks:\n    - class_path: pytorch_lightning.callbacks.ModelCheckpoint\n")
+    with pytest.raises(LeanAgentError, match="names no ModelCheckpoint callback with a dirpath"):
+        checkpoint_folder(bare)
+    absolute = tmp_path / "absolute.yaml"
+    absolute.write_text("trainer:\n  callbacks:\n    - class_path: leanagent.callbacks.checkpoints.ModelCheckpoint\n"
+                        "      init_args: {dirpath: /tmp/x}\n")
+    with pytest.raises(LeanAgentError, match="is absolute"):
+        checkpoint_folder(absolute)
