@@ -287,15 +287,3 @@ def test_the_prediction_writer_gathers_to_rank_zero_only(monkeypatch, tmp_path):
         writer.write_on_epoch_end(trainer, None, [[batch]], None)
     assert calls == [("gather_object", 0, False), ("gather_object", 0, True)]
     assert written == [[(3, [1], [0.8999999761581421]), (5, [2], [0.5])]]
-
-
-def test_the_corpus_is_embedded_under_the_trainers_precision_and_kept_in_float32(toy_dataset):
-    pl.seed_everything(0)
-    model = PremiseRetriever(max_seq_len=64, num_retrieved=5, retrieval="dense")
-    autocast: list[bool] = []
-    model.encoder.register_forward_pre_hook(lambda *_: autocast.append(torch.is_autocast_enabled("cpu")))
-    trainer = pl.Trainer(accelerator="cpu", devices=1, precision="bf16-mixed", logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
-    trainer.test(model, datamodule=_datamodule(toy_dataset), verbose=False)
-    assert autocast and all(autocast)  # corpus batches and queries alike
-    assert model.corpus_embeddings.dtype == torch.float32

@@ -306,14 +306,10 @@ class PremiseRetriever(pl.LightningModule):
         world, rank = self.trainer.world_size, self.trainer.global_rank
         mine = np.arange(rank, num_premises, world)
         by_length = np.argsort(datamodule.corpus_tokens.lengths[mine], kind="stable")  # little padding per batch
-        # Under the trainer's precision (bf16 autocast under bf16-mixed), as the evaluation steps' queries
-        # are: epoch-start hooks run outside it, and float32 costs several times the time on GPUs. Kept in
-        # float32, so that the head of a bf16 search is still re-scored in float32 (retrieval/dense.py).
-        with self.trainer.precision_plugin.forward_context():
-            chunks = [
-                self(batch["ids"].to(self.device), batch["mask"].to(self.device)).float()
-                for batch in datamodule.corpus_dataloader(mine[by_length])
-            ]
+        chunks = [
+            self(batch["ids"].to(self.device), batch["mask"].to(self.device))
+            for batch in datamodule.corpus_dataloader(mine[by_length])
+        ]
         local = torch.cat(chunks) if chunks else torch.zeros(0, self._embedding_dim(), device=self.device)
         local = local[torch.from_numpy(np.argsort(by_length)).to(self.device)]
         if world == 1:
