@@ -68,11 +68,12 @@ def mine_hard_negatives(
 
 def pools_key(states: TacticStates, pool: int, corpus_key: str) -> str:
     """Everything the pools are made from: the corpus, the states (text, file, position, positives), the
-    pool size, and the code that mines them (BM25's tokenizer and scoring included)."""
+    pool size, and the code that mines them (BM25's tokenizer and scoring, accessibility, the mining)."""
+    from leanagent.data import corpus as corpus_module
     from leanagent.retrieval import bm25
 
     digest = hashlib.sha256(f"hard-negatives-v1|{pool}|{corpus_key}|{len(states)}|".encode())
-    for module in (bm25.__file__, __file__):
+    for module in (bm25.__file__, corpus_module.__file__, __file__):  # scoring, accessibility, mining
         digest.update(Path(module).read_bytes())
     for text, file_id, pos_key, positives in zip(states.states, states.file_ids, states.pos_keys, states.positives):
         raw = text.encode("utf-8")
