@@ -381,3 +381,25 @@ def test_a_lifelong_stage_runs_in_its_own_process_group_and_leaves_the_advice_to
     check = ("import os, sys; sys.exit(0 if os.getpgid(0) == os.getpid() != os.getpgid(os.getppid()) "
              "and os.environ.get('LEANAGENT_LIFELONG_STAGE') == '1' else 7)")
     _run([sys.executable, "-c", check], tmp_path, "stage 0 check")  # raises if the stage exited 7
+
+
+def test_a_lifelong_stage_dies_with_its_runner(tmp_path):
+    """In its own process group a stage no longer dies of a `kill -9` to the runner's group: it must still
+    die when the runner does, not train on as an orphan beside the rerun."""
+    stage_script = tmp_path / "stage.py"
+    stage_script.write_text(f"import os, time\nopen({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    script = tmp_path / "runner.py"
+    script.write_text("import sys\nfrom pathlib import Path\nfrom leanagent.lifelong.runner import _run\n"
+                      f"_run([sys.executable, {str(stage_script)!r}], Path(sys.argv[1]), 'stage 0 sleep')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runner = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, start_new_session=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "pid").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    stage = int((tmp_path / "pid").read_text())
+    os.killpg(runner.pid, signal.SIGKILL)  # the runner's group: no longer the stage's
+    runner.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and watchdog.process_state({"pid": stage, "host": socket.gethostname()}) == "running":
+        time.sleep(0.1)
+    assert watchdog.process_state({"pid": stage, "host": socket.gethostname()}) in ("gone", "zombie")
