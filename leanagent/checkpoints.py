@@ -82,10 +82,6 @@ def next_fit_start(checkpoint: dict[str, Any]) -> tuple[int, int]:
     return int(checkpoint.get("epoch", -1)) + 1, int(checkpoint.get("global_step", 0))
 
 
-# State of callbacks that belongs to one fit: EarlyStopping's best score, wait count and patience.
-PER_FIT_CALLBACK_KEYS = ("wait_count", "stopped_epoch", "best_score", "patience")
-
-
 def drop_per_fit_callback_state(checkpoint: dict[str, Any]) -> list[str]:
     """Before a fit that starts from the checkpoint of a finished fit (progressive training, a lifelong
     stage), forget the callback state that belongs to that earlier fit; returns the callbacks cleared.

@@ -63,7 +63,9 @@ def _datamodule(dataset: Path) -> RetrievalDataModule:
 @pytest.mark.parametrize("stage", ["validate", "test", "predict"])
 def test_the_evaluation_path_keeps_every_tensor_on_the_model_device(toy_dataset, tmp_path, stage):
     pl.seed_everything(0)
-    model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=64, num_retrieved=10)
+    # predict ranks by `retrieval` alone: dense, so that the corpus is embedded there too.
+    model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=64, num_retrieved=10,
+                             retrieval="dense" if stage == "predict" else "hybrid")
     for tensor in [*model.parameters(), *model.buffers()]:
         mark(tensor)
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,

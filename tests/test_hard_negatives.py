@@ -106,3 +106,28 @@ def test_bad_hard_negative_settings_are_refused(mini_dataset, hard, pool, messag
             data_path=str(mini_dataset / "random"), corpus_path=str(mini_dataset / "corpus.jsonl"),
             num_negatives=3, num_hard_negatives=hard, hard_negative_pool=pool,
         )
+
+
+@pytest.mark.parametrize("cache", ["folder", "off"])
+def test_hard_negatives_are_mined_once_per_node_and_read_by_the_other_ranks(mini_dataset, tmp_path, monkeypatch, cache):
+    """Every rank used to mine the same pools; with the token cache one process mines, the others load its file."""
+    import leanagent.data.hard_negatives as hard_negatives
+
+    monkeypatch.setenv("LEANAGENT_TOKEN_CACHE", str(tmp_path / "cache") if cache == "folder" else "off")
+    mined: list[int] = []
+    original = hard_negatives.mine_hard_negatives
+    monkeypatch.setattr(hard_negatives, "mine_hard_negatives", lambda *a, **k: mined.append(1) or original(*a, **k))
+
+    def pools(**kwargs) -> np.ndarray:
+        dm = RetrievalDataModule(data_path=str(mini_dataset / "random"), corpus_path=str(mini_dataset / "corpus.jsonl"),
+                                 max_seq_len=32, **kwargs)
+        return dm.train_pairs.hard_pools
+
+    first, second = pools(), pools()  # two ranks of a node
+    assert np.array_equal(first, second) and (first >= 0).any()
+    assert len(mined) == (1 if cache == "folder" else 2)
+    assert pools(hard_negative_pool=8).shape[1] == 8  # another pool size is other pools
+    assert len(mined) == (2 if cache == "folder" else 3)
+    if cache == "folder":
+        dm = RetrievalDataModule(data_path=str(mini_dataset / "random"), corpus_path=str(mini_dataset / "corpus.jsonl"), max_seq_len=32)
+        assert np.array_equal(first, original(dm.bm25_index, dm.corpus, dm.states("train"), 32))

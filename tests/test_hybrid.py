@@ -245,27 +245,3 @@ def test_lifelong_evaluation_reports_dense_and_hybrid_with_each_datasets_own_wei
     assert results["hybrid_weight"] == chosen
     assert logged["Recall@10_test"] == pytest.approx(results["Recall@10"])
 
-
-def test_lifelong_evaluation_reads_text_as_the_checkpoint_was_trained(retriever_checkpoint, toy_dataset, tmp_path, monkeypatch):
-    """A model trained on raw premise code (data.premise_text: code, max_seq_len 48) must be evaluated on raw
-    code cut at 48 tokens, not on the defaults' serialized text."""
-    import leanagent.lifelong.evaluation as evaluation
-
-    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
-    checkpoint["datamodule_hyper_parameters"] = {"premise_text": "code", "max_seq_len": 48, "model_name": "byt5-tiny",
-                                                 "data_path": "elsewhere", "eval_batch_size": 7}
-    path = tmp_path / "code.ckpt"
-    torch.save(checkpoint, path)
-    built: list[RetrievalDataModule] = []
-
-    class Recorded(RetrievalDataModule):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            built.append(self)
-
-    monkeypatch.setattr(evaluation, "RetrievalDataModule", Recorded)
-    evaluation.evaluate_checkpoint(path, {"toy": (toy_dataset / "random", toy_dataset / "corpus.jsonl")}, "test",
-                                   eval_batch_size=16, num_retrieved=10)
-    (datamodule,) = built
-    assert (datamodule.premise_text, datamodule.max_seq_len, datamodule.eval_batch_size) == ("code", 48, 16)
-    assert datamodule.data_path == toy_dataset / "random"

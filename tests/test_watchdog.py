@@ -352,3 +352,54 @@ def test_a_rank_asleep_in_a_step_is_reported_with_every_ranks_stack(mini_dataset
         kill_group(proc, str(tmp_path))
         if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
             (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / "sleep.log").write_text(log.read_text())
+
+
+def test_a_signal_handler_passes_nothing_on_to_the_other_ranks(monkeypatch):
+    """A terminal's Ctrl-C reaches every rank already: a copy forwarded by rank 0 would be a second Ctrl-C
+    ('stop now') on the others. Ranks agree through the all-reduce instead."""
+    from leanagent.callbacks.preemption import PreemptionCheckpoint
+
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "kill", lambda pid, signum: sent.append((pid, signum)))
+    callback = PreemptionCheckpoint()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        callback._launcher = type("Launcher", (), {"procs": [child]})()  # what Lightning's launcher holds on rank 0
+        callback._handle(signal.SIGINT, None)
+        forwarded = list(sent)
+    finally:
+        monkeypatch.undo()
+        child.kill()
+        child.wait()
+    assert callback.received == signal.SIGINT and forwarded == []
+
+
+def test_a_lifelong_stage_runs_in_its_own_process_group_and_leaves_the_advice_to_the_runner(tmp_path):
+    """killpg (a terminal's Ctrl-C) on the runner's group must not reach the stage a second time."""
+    from leanagent.lifelong.runner import _run
+
+    check = ("import os, sys; sys.exit(0 if os.getpgid(0) == os.getpid() != os.getpgid(os.getppid()) "
+             "and os.environ.get('LEANAGENT_LIFELONG_STAGE') == '1' else 7)")
+    _run([sys.executable, "-c", check], tmp_path, "stage 0 check")  # raises if the stage exited 7
+
+
+def test_a_lifelong_stage_dies_with_its_runner(tmp_path):
+    """In its own process group a stage no longer dies of a `kill -9` to the runner's group: it must still
+    die when the runner does, not train on as an orphan beside the rerun."""
+    stage_script = tmp_path / "stage.py"
+    stage_script.write_text(f"import os, time\nopen({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    script = tmp_path / "runner.py"
+    script.write_text("import sys\nfrom pathlib import Path\nfrom leanagent.lifelong.runner import _run\n"
+                      f"_run([sys.executable, {str(stage_script)!r}], Path(sys.argv[1]), 'stage 0 sleep')\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runner = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, start_new_session=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "pid").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    stage = int((tmp_path / "pid").read_text())
+    os.killpg(runner.pid, signal.SIGKILL)  # the runner's group: no longer the stage's
+    runner.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and watchdog.process_state({"pid": stage, "host": socket.gethostname()}) == "running":
+        time.sleep(0.1)
+    assert watchdog.process_state({"pid": stage, "host": socket.gethostname()}) in ("gone", "zombie")

@@ -35,9 +35,10 @@ class PremisePredictionWriter(BasePredictionWriter):
             for i, ids, scores in zip(batch["index"], batch["retrieved"], batch["scores"])
         ]
         if dist.is_available() and dist.is_initialized() and trainer.world_size > 1:
-            gathered: list[Any] = [None] * trainer.world_size
-            dist.all_gather_object(gathered, local)
-            rows = [row for part in gathered for row in part]
+            # Only rank 0 writes: gather to it, rather than sending every rank every other rank's predictions.
+            gathered: list[Any] | None = [None] * trainer.world_size if trainer.global_rank == 0 else None
+            dist.gather_object(local, gathered, dst=0)
+            rows = [row for part in gathered for row in part] if gathered is not None else []
         else:
             rows = local
         # trainer.log_dir is a broadcast under DDP: every rank must ask.

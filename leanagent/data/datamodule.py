@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from leanagent.data.corpus import Corpus
-from leanagent.data.hard_negatives import mine_hard_negatives
+from leanagent.data.hard_negatives import shared_hard_negatives
 from leanagent.data.sampling import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
 from leanagent.data.tactics import TacticStates, load_tactic_states, warn_unresolved
@@ -270,8 +270,9 @@ class RetrievalDataModule(pl.LightningDataModule):
             sampler = NegativeSampler(self.corpus, self.num_negatives, self.num_in_file_negatives, self.num_hard_negatives)
             states = self.states("train")
             pools = None
-            if self.num_hard_negatives:
-                pools = mine_hard_negatives(self.bm25_index, self.corpus, states, self.hard_negative_pool)
+            if self.num_hard_negatives:  # mined by one process per node, read by the others
+                pools = shared_hard_negatives(lambda: self.bm25_index, self.corpus, states, self.hard_negative_pool,
+                                              self.corpus_fingerprint)
             self._train = TrainingPairs(states, sampler, self.seed, pools)
             if len(self._train) == 0:
                 raise LeanAgentError(

@@ -2,19 +2,27 @@
 
 Random negatives are mostly easy: a premise about lists rarely looks like one a goal about orders
 needs. The premises BM25 puts at the top are the near misses a retriever must learn to rank below
-the right one, and the ones hybrid ranking starts from. Mined once per training split (every rank
-mines the same pools, the computation is deterministic), then sampled per item and epoch.
+the right one, and the ones hybrid ranking starts from. Mined once per training split and node: the
+first process writes the pools to the token cache (`shared_hard_negatives`, same folder, lock and
+atomic rename as leanagent/data/token_store.py) and the node's other ranks read them, as every rank
+would otherwise mine the same pools; then sampled per item and epoch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from leanagent.data.corpus import Corpus
 from leanagent.data.tactics import TacticStates
+from leanagent.data.token_store import _locked, default_cache_dir
 from leanagent.retrieval.bm25 import BM25Index, masked_topk
 
 log = logging.getLogger("leanagent")
@@ -56,3 +64,77 @@ def mine_hard_negatives(
         pool, len(states), len(unique), float((out >= 0).sum(axis=1).mean()),
     )
     return out
+
+
+def pools_key(states: TacticStates, pool: int, corpus_key: str) -> str:
+    """Everything the pools are made from: the corpus, the states (text, file, position, positives), the
+    pool size, and the code that mines them (BM25's tokenizer and scoring, accessibility, the mining)."""
+    from leanagent.data import corpus as corpus_module
+    from leanagent.retrieval import bm25
+
+    digest = hashlib.sha256(f"hard-negatives-v1|{pool}|{corpus_key}|{len(states)}|".encode())
+    for module in (bm25.__file__, corpus_module.__file__, __file__):  # scoring, accessibility, mining
+        digest.update(Path(module).read_bytes())
+    for text, file_id, pos_key, positives in zip(states.states, states.file_ids, states.pos_keys, states.positives):
+        raw = text.encode("utf-8")
+        digest.update(len(raw).to_bytes(8, "little") + raw + f"|{file_id}|{pos_key}|{list(positives)}|".encode())
+    return digest.hexdigest()
+
+
+def shared_hard_negatives(
+    index: Callable[[], BM25Index], corpus: Corpus, states: TacticStates, pool: int, corpus_key: str,
+    cache_dir: Path | None | str = "default",
+) -> np.ndarray:
+    """`mine_hard_negatives`, done by one process per node: the others wait on its lock and load its file.
+
+    `index` is called only when this process mines (a node's other ranks need no BM25 index for it).
+    Without a usable cache folder (`LEANAGENT_TOKEN_CACHE=off`, a read-only disk) each process mines.
+    """
+    folder = default_cache_dir() if cache_dir == "default" else (Path(cache_dir) if cache_dir else None)
+    if folder is None:
+        return mine_hard_negatives(index(), corpus, states, pool)
+    key = pools_key(states, pool, corpus_key)
+    path = folder / f"{key}.hard-negatives.npy"
+    pools = _load_pools(path, (len(states), pool))
+    if pools is not None:
+        return pools
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with _locked(folder / f"{key}.lock"):
+            pools = _load_pools(path, (len(states), pool))  # mined by another rank while this one waited
+            if pools is None:
+                pools = mine_hard_negatives(index(), corpus, states, pool)
+                _save_pools(path, pools)
+        return pools
+    except OSError as e:
+        log.warning("token cache %s is not usable for hard negatives (%s): mining them here", folder, e.strerror or e)
+        return mine_hard_negatives(index(), corpus, states, pool)
+
+
+def _load_pools(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
+    if not path.is_file():
+        return None
+    try:
+        pools = np.load(path, allow_pickle=False)
+        if pools.shape != shape or pools.dtype != np.int64:
+            raise ValueError(f"shape {pools.shape} {pools.dtype}, expected {shape} int64")
+        return pools
+    except (OSError, ValueError) as e:
+        log.warning("hard-negative cache entry %s is damaged (%s): mining again", path, e)
+        path.unlink(missing_ok=True)
+        return None
+
+
+def _save_pools(path: Path, pools: np.ndarray) -> None:
+    """Written under a temporary name beside `path` and renamed, so no reader sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.save(f, np.ascontiguousarray(pools), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -135,11 +135,27 @@ class StageInterrupted(LeanAgentError):
 STAGE_ENV = "LEANAGENT_LIFELONG_STAGE"  # set in a stage's environment: the runner speaks for it
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the stage, before exec: be killed when the runner dies (Linux), as a stage in the runner's own
+    process group would be by a `kill -9 -PGID` or a closed terminal; otherwise it would run on, orphaned."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the stage outlives a killed runner, as any child would
+    if os.getppid() != parent:  # the runner died before prctl took effect
+        os._exit(1)
+
+
 def _own_process_group() -> dict:
-    """Popen arguments that start the child in a new process group of the same session (terminal kept)."""
+    """Popen arguments that start the child in a new process group of the same session (terminal kept),
+    dying with this process."""
+    parent = os.getpid()
     if sys.version_info >= (3, 11):
-        return {"process_group": 0}
-    return {"preexec_fn": os.setpgrp}  # Python 3.10
+        return {"process_group": 0, "preexec_fn": lambda: _die_with_parent(parent)}
+    return {"preexec_fn": lambda: (os.setpgrp(), _die_with_parent(parent))}  # Python 3.10
 
 
 def _run(command: list[str], cwd: Path, what: str) -> None:

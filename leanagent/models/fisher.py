@@ -4,7 +4,9 @@ Default (`mode: empirical`): the per-example empirical Fisher
     F_j = (1/N) * sum_n (d loss_n / d theta_j)^2
 over the N distinct training pairs, where loss_n is the retriever's MSE loss on pair n's own
 candidates (its positive and its negatives), so it does not depend on which other pairs share
-a batch. Per-example gradients come from torch.func (vmap over grad), not a Python loop.
+a batch. Per-example gradients come from one small autograd pass per pair through the retriever's
+length-chunked encoder calls: about 1.1x the cost of a training pass (`python -m benchmarks.fisher_cost`),
+where vmap over grad padded every pair to the batch's longest rows and cost 2-7x.
 
 `mode: leanagent` reproduces LeanAgent's quantity for comparison. LeanAgent's backward goes through
 DDP, so each batch's gradient is the mean over ranks of their batch-mean (in-batch) loss gradients;
@@ -24,15 +26,15 @@ from typing import Any, Literal
 import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
-from torch.func import functional_call, grad, vmap
 
 from leanagent.errors import LeanAgentError
 from leanagent.checkpoints import load_checkpoint
 from leanagent.fisher_file import save_fisher
-from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss
+from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss, stack_padded
 from leanagent.watchdog import beat
 
 log = logging.getLogger("leanagent")
+
 
 
 def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> PremiseRetriever:
@@ -73,7 +75,7 @@ class FisherInformation(pl.LightningModule):
             mode: `empirical` (per-example, see module doc) or `leanagent` (LeanAgent's batch quantity).
             model_name: must match the checkpoint's; linked to the data module's tokenizer.
             max_seq_len: linked from `data.max_seq_len`.
-            chunk_size: examples per vmap chunk, to bound memory (None: the whole batch).
+            chunk_size: no longer used (pairs are taken one at a time); kept so that configs that set it parse.
         """
         super().__init__()
         self.save_hyperparameters()
@@ -99,41 +101,49 @@ class FisherInformation(pl.LightningModule):
     def configure_optimizers(self) -> None:
         return None
 
-    def _params(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        encoder = self.retriever.encoder
-        params = {k: v.detach() for k, v in encoder.named_parameters()}
-        buffers = {k: v.detach() for k, v in encoder.named_buffers()}
-        return params, buffers
+    def example_grad(self, batch: dict[str, torch.Tensor], i: int) -> list[torch.Tensor]:
+        """The gradient of pair i's own loss (its query against its positive and negatives), one per encoder
+        parameter, computed as a training step computes a loss: the retriever's length-chunked encoder calls.
 
-    def _encode(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]):
-        encoder = self.retriever.encoder
-        return lambda ids, mask: functional_call(encoder, (params, buffers), (ids, mask))
-
-    def per_example_grads(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """[B, *shape] gradients of each pair's own loss."""
-        params, buffers = self._params()
+        One small autograd pass per pair, not a vmap over the batch: vmap pads every pair to the batch's
+        longest rows (attention grows with the square of the width) and, measured with
+        `python -m benchmarks.fisher_cost`, cost 2-7x a training pass where this costs about 1.1x.
+        """
         size = len(batch["index"])
         per = batch["cand_ids"].shape[0] // size
-        cand_ids = batch["cand_ids"].view(size, per, -1)
-        cand_mask = batch["cand_mask"].view(size, per, -1)
-        valid = batch["cand_valid"].view(size, per)
-        rows = torch.arange(size, device=cand_ids.device)
-        own_labels = batch["labels"].view(size, size, per)[rows, rows]
+        rows = slice(i * per, (i + 1) * per)
+        ids = stack_padded(batch["query_ids"][i : i + 1], batch["cand_ids"][rows])
+        mask = stack_padded(batch["query_mask"][i : i + 1], batch["cand_mask"][rows])
+        with torch.enable_grad():
+            embeddings = self.retriever(ids, mask)
+            loss = contrastive_loss(embeddings[:1] @ embeddings[1:].T, batch["labels"][i : i + 1, rows],
+                                    batch["cand_valid"][None, rows], self.retriever.loss)
+            return list(torch.autograd.grad(loss, [p for _, p in self.retriever.encoder.named_parameters()]))
 
-        def example_loss(p, query_ids, query_mask, ids, mask, ok, labels):
-            encode = self._encode(p, buffers)
-            query = encode(query_ids[None], query_mask[None])
-            candidates = encode(ids, mask)
-            return contrastive_loss(query @ candidates.T, labels[None], ok[None], self.retriever.loss)
+    def per_example_grads(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """[B, *shape] gradients of each pair's own loss, in batch order."""
+        names = [name for name, _ in self.retriever.encoder.named_parameters()]
+        grads = [self.example_grad(batch, i) for i in range(len(batch["index"]))]
+        return {name: torch.stack([g[j] for g in grads]) for j, name in enumerate(names)}
 
-        return vmap(grad(example_loss), in_dims=(None, 0, 0, 0, 0, 0, 0), chunk_size=self.chunk_size)(
-            params, batch["query_ids"], batch["query_mask"], cand_ids, cand_mask, valid, own_labels
-        )
+    def squared_example_grads(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> dict[str, torch.Tensor]:
+        """sum_i weights[i] * g_i^2 over the batch's pairs, accumulated pair by pair (never [B, *shape] at once)."""
+        named = list(self.retriever.encoder.named_parameters())
+        out = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in named}
+        for i, weight in enumerate(weights.tolist()):
+            if weight:
+                for (name, _), g in zip(named, self.example_grad(batch, i)):
+                    out[name] += weight * g.float() ** 2
+        return out
 
     def batch_grads(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Gradient of the in-batch training loss (LeanAgent's unit)."""
-        params, buffers = self._params()
-        return grad(lambda p: batch_loss(self._encode(p, buffers), batch, self.retriever.loss))(params)
+        """Gradient of the in-batch training loss (LeanAgent's unit), computed as the training step computes
+        it (the retriever's length-chunked encoder calls), so that it costs what a training step does."""
+        named = list(self.retriever.encoder.named_parameters())
+        with torch.enable_grad():
+            loss = batch_loss(self.retriever, batch, self.retriever.loss)
+            grads = torch.autograd.grad(loss, [p for _, p in named])
+        return {name: g for (name, _), g in zip(named, grads)}
 
     def rank_averaged(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """What DDP's backward leaves in `.grad`: the mean of every rank's gradient (one all-reduce)."""
@@ -155,10 +165,7 @@ class FisherInformation(pl.LightningModule):
         real = ~batch["padding"] if "padding" in batch else torch.ones(len(batch["index"]), dtype=torch.bool)
         real = real.to(self.device)
         if self.mode == "empirical":
-            squared = {
-                k: (g.float() ** 2 * real.view(-1, *[1] * (g.dim() - 1))).sum(dim=0)  # padding copies count 0
-                for k, g in self.per_example_grads(batch).items()
-            }
+            squared = self.squared_example_grads(batch, real.float())  # padding copies count 0
         else:
             squared = {k: g.float() ** 2 for k, g in self.rank_averaged(self.batch_grads(batch)).items()}
         for name, value in squared.items():

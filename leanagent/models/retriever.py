@@ -534,7 +534,7 @@ class PremiseRetriever(pl.LightningModule):
 
     def on_predict_epoch_start(self) -> None:
         self._split = "predict"
-        if self.retrieval != "bm25":
+        if self._mode_weight(self.retrieval) > 0:  # bm25, or hybrid at weight 0 (BM25), needs no embeddings
             self._ensure_corpus_embeddings()
 
     def predict_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:

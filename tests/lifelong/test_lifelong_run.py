@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -150,10 +151,12 @@ def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_f
         process.wait(timeout=600)
     stderr = (tmp_path / "stderr.txt").read_text()
     assert process.returncode == 130, stderr[-4000:]
-    assert "stage 0 fit on list stopped by SIGINT" in stderr and "run the same command again" in stderr
+    stopped = re.search(r"stage (\d) fit on (\w+) stopped by SIGINT \(exit code 130\); run the same command again", stderr)
+    assert stopped, stderr[-4000:]
     assert "preempted:" not in stderr and "--ckpt_path" not in stderr  # the runner's advice, not the fit's
     assert "lost" not in stderr and "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
-    last = out / "stages" / "00-list" / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
+    stage = f"{int(stopped.group(1)):02d}-{stopped.group(2)}"
+    last = out / "stages" / stage / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
     assert last.is_file() and not (out / "results.json").exists()
 
     resumed = subprocess.run(two_stages(repos, out), cwd=tmp_path, capture_output=True, text=True, timeout=900)
