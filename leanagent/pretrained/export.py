@@ -47,7 +47,12 @@ def export(
     checkpoint = load_checkpoint(checkpoint_path, "checkpoint")
     hparams = dict(checkpoint.get("hyper_parameters") or {})
     data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
-    tensors = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("encoder.")}
+    tensors, seen = {}, set()
+    for key, tensor in checkpoint["state_dict"].items():  # tied tensors (T5's shared embedding) once, first name
+        storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key.startswith("encoder.") and storage not in seen:
+            seen.add(storage)
+            tensors[key] = tensor
     weights = out_dir / f"{name}.safetensors"
     save_encoder(weights, tensors, hparams["model_name"])
     monitor = {k: float(v["best_model_score"]) for k, v in (checkpoint.get("callbacks") or {}).items()
