@@ -79,7 +79,12 @@ def test_the_shipped_retriever_loads_by_name_offline_and_says_how_it_was_made():
     import hashlib
 
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == record["weights_sha256"]
-    assert record["command"].startswith("python main.py fit") and record["data_sha256"]
+    assert "python main.py fit --config configs/retrieval.yaml --config configs/recipes/pretrain.yaml" in record["command"]
+    assert record["data_sha256"]
+    import yaml
+
+    for recipe in ("configs/recipes/project.yaml",):  # the configs that start from it name its encoder
+        assert yaml.safe_load((REPO / recipe).read_text())["model"]["init_args"]["model_name"] == record["model_name"]
     model = PremiseRetriever(model_name=record["model_name"], init_from="leanagent-base")
     tensors = load_encoder("leanagent-base", record["model_name"], dict(model.encoder_parameters()))
     assert all(torch.equal(p, tensors[n]) for n, p in model.encoder_parameters())
