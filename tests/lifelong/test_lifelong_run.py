@@ -144,14 +144,15 @@ def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_f
                 record = json.loads((heartbeats / "rank0.json").read_text())
             except (OSError, ValueError):
                 record = {}
-            if record.get("phase") == "after train step":  # stage 0's fit is training
+            if "train step" in str(record.get("phase")):  # stage 0's fit is training (any part of a step)
                 os.killpg(process.pid, signal.SIGINT)
                 break
             time.sleep(0.05)
         process.wait(timeout=600)
     stderr = (tmp_path / "stderr.txt").read_text()
     assert process.returncode == 130, stderr[-4000:]
-    stopped = re.search(r"stage (\d) fit on (\w+) stopped by SIGINT \(exit code 130\); run the same command again", stderr)
+    # Exit code 130, or 0 where the signal came as the stage's last step ended (its fit then finished first).
+    stopped = re.search(r"stage (\d) fit on (\w+) stopped by SIGINT \(exit code (?:130|0)\); run the same command again", stderr)
     assert stopped, stderr[-4000:]
     assert "preempted:" not in stderr and "--ckpt_path" not in stderr  # the runner's advice, not the fit's
     assert "lost" not in stderr and "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
@@ -161,7 +162,7 @@ def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_f
 
     resumed = subprocess.run(two_stages(repos, out), cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "continuing its interrupted fit" in resumed.stderr
+    assert "continuing its interrupted fit" in resumed.stderr or "had finished before the interruption" in resumed.stderr
     straight = subprocess.run(two_stages(repos, tmp_path / "straight"), cwd=tmp_path, capture_output=True, text=True, timeout=900)
     assert straight.returncode == 0, straight.stderr[-4000:]
     a = json.loads((out / "results.json").read_text())
