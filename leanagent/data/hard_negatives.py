@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import torch
 from leanagent.data.corpus import Corpus
 from leanagent.data.tactics import TacticStates
 from leanagent.data.token_store import _locked, default_cache_dir
+from leanagent.io import atomic_open
 from leanagent.retrieval.bm25 import BM25Index, masked_topk
 
 log = logging.getLogger("leanagent")
@@ -127,14 +126,5 @@ def _load_pools(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
 
 def _save_pools(path: Path, pools: np.ndarray) -> None:
     """Written under a temporary name beside `path` and renamed, so no reader sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, np.ascontiguousarray(pools), allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as f:
+        np.save(f, np.ascontiguousarray(pools), allow_pickle=False)
