@@ -47,13 +47,11 @@ def evaluate_splits(
         enable_progress_bar=False, enable_model_summary=False,
     )
     names = metric_names(num_retrieved)
+    saved = load_checkpoint(checkpoint, "retriever checkpoint")  # read once, for every dataset's data settings
     results: dict[str, dict[str, dict[str, float]]] = {split: {} for split in splits}
     for name, (data_path, corpus_path) in datasets.items():
         # The checkpoint's own data settings (premise_text, max_seq_len, model_name), not the defaults.
-        datamodule = RetrievalDataModule.for_checkpoint(
-            load_checkpoint(checkpoint, "retriever checkpoint"), str(data_path), str(corpus_path),
-            eval_batch_size=eval_batch_size,
-        )
+        datamodule = RetrievalDataModule.for_checkpoint(saved, str(data_path), str(corpus_path), eval_batch_size=eval_batch_size)
         for split in splits:
             run = trainer.test if split == "test" else trainer.validate
             logged = run(model, datamodule=datamodule, verbose=False)[0]
