@@ -81,8 +81,8 @@ def settings_fingerprint(settings: LifelongSettings) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def config_list(configs: str | list[str]) -> list[str]:
-    return [configs] if isinstance(configs, str) else list(configs)
+def config_list(configs: str | os.PathLike | list[str]) -> list[str]:
+    return [os.fspath(configs)] if isinstance(configs, (str, os.PathLike)) else [os.fspath(c) for c in configs]
 
 
 def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list[str]:
@@ -91,35 +91,38 @@ def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list
     return compute_curriculum(repos, settings.split).order
 
 
-def checkpoint_folder(retrieval_config: str | os.PathLike) -> Path:
+def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
     """Where a stage's fit writes its checkpoints, relative to the stage's fit folder: the `dirpath` of the
-    retrieval config's ModelCheckpoint (`checkpoints/retrieval` in configs/retrieval.yaml,
-    `checkpoints/retrieval_mathlib` in configs/retrieval_mathlib.yaml). Read from the config, not assumed,
-    so that a stage of any recipe finds its fit's last and best checkpoints, and a resume its progress."""
+    ModelCheckpoint in the retrieval config (or, for a composed list, in the last config that lists
+    `trainer.callbacks`, since a later `--config` replaces the whole list). Read from the config, not
+    assumed, so that a stage of any recipe finds its fit's last and best checkpoints."""
     import yaml
 
-    path = Path(retrieval_config)
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise LeanAgentError(f"retrieval_config: cannot read {path} ({type(e).__name__})") from None
-    if isinstance(loaded, dict) and isinstance(loaded.get("fit"), dict):
-        loaded = loaded["fit"]
-    trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
-    callbacks = trainer.get("callbacks") if isinstance(trainer, dict) else None
-    for callback in callbacks if isinstance(callbacks, list) else []:
+    callbacks, named = None, None
+    for path in map(Path, config_list(retrieval_config)):
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise LeanAgentError(f"retrieval_config: cannot read {path} ({type(e).__name__})") from None
+        if isinstance(loaded, dict) and isinstance(loaded.get("fit"), dict):
+            loaded = loaded["fit"]
+        trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
+        if isinstance(trainer, dict) and isinstance(trainer.get("callbacks"), list):
+            callbacks, named = trainer["callbacks"], path
+    for callback in callbacks or []:
         if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
             dirpath = (callback.get("init_args") or {}).get("dirpath")
             if not dirpath:
                 break
             if Path(dirpath).is_absolute():
                 raise LeanAgentError(
-                    f"retrieval_config: {path}: the ModelCheckpoint dirpath {dirpath} is absolute, so every lifelong "
+                    f"retrieval_config: {named}: the ModelCheckpoint dirpath {dirpath} is absolute, so every lifelong "
                     "stage would write into the same folder; give a relative dirpath (each stage's fit runs in its own folder)"
                 )
             return Path(dirpath)
+    where = named or ", ".join(config_list(retrieval_config))
     raise LeanAgentError(
-        f"retrieval_config: {path} names no ModelCheckpoint callback with a dirpath; lifelong stages need one "
+        f"retrieval_config: {where} names no ModelCheckpoint callback with a dirpath; lifelong stages need one "
         "(e.g. leanagent.callbacks.checkpoints.ModelCheckpoint with dirpath: checkpoints/retrieval, save_last: true)"
     )
 

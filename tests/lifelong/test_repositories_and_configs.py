@@ -125,3 +125,18 @@ def test_a_retrieval_config_without_a_checkpoint_folder_is_refused(tmp_path):
                         "      init_args: {dirpath: /tmp/x}\n")
     with pytest.raises(LeanAgentError, match="is absolute"):
         checkpoint_folder(absolute)
+
+
+def test_a_composed_retrieval_config_takes_the_checkpoint_folder_of_its_last_callback_list(tmp_path):
+    """configs/lifelong_mathlib.yaml composes retrieval.yaml with an overlay: the overlay's callbacks, if it lists
+    any, replace the base's (as a later --config does), otherwise the base's stand."""
+    from leanagent.lifelong.runner import checkpoint_folder
+
+    base = REPO / "configs" / "retrieval.yaml"
+    overlay = REPO / "configs" / "recipes" / "project.yaml"
+    assert checkpoint_folder([str(base), str(overlay)]) == checkpoint_folder(base) == Path("checkpoints/retrieval")
+    own = tmp_path / "own.yaml"
+    own.write_text("trainer:\n  callbacks:\n    - class_path: leanagent.callbacks.checkpoints.ModelCheckpoint\n"
+                   "      init_args: {dirpath: checkpoints/own}\n")
+    assert checkpoint_folder([str(base), str(own)]) == Path("checkpoints/own")
+    assert checkpoint_folder([str(own), str(overlay)]) == Path("checkpoints/own")
