@@ -5,7 +5,7 @@
 
 Prints R@1 / R@10 / MRR per dataset and variant, the index build time and ms per query (scoring,
 masking and top-100 of batches of 64). Each variant adds one change to the previous line's, except
-where its name says otherwise. The metrics are leanagent.metrics's, over accessible premises only.
+where its name says otherwise. The metrics are leanagent.retrieval.metrics's, over accessible premises only.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leanagent.data.corpus import Corpus
-from leanagent.data.tactics import load_tactic_states
-from leanagent.metrics import retrieval_metrics
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import load_tactic_states
+from leanagent.retrieval.metrics import retrieval_metrics
 from leanagent.retrieval.bm25 import BM25Index, LeanTokenizer, masked_topk
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leanagent.data.corpus import Corpus
-from leanagent.data.sampling import NegativeSampler
-from leanagent.data.tactics import load_tactic_states
+from leanagent.corpus.corpus import Corpus
+from leanagent.data.negatives import NegativeSampler
+from leanagent.corpus.tactics import load_tactic_states
 
 
 def timed(label: str, fn, repeat: int = 1):

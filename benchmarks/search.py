@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from leanagent.data.corpus import Corpus
-from leanagent.data.tactics import load_tactic_states
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import load_tactic_states
 from leanagent.retrieval.bm25 import masked_topk
 from leanagent.retrieval.dense import SearchCorpus, dense_scores, rescore_head, search_dtype
 from leanagent.retrieval.fusion import Fuser

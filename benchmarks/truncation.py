@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from leanagent.data.corpus import Corpus
-from leanagent.data.tactics import load_tactic_states
-from leanagent.data.tokenizer import ByteTokenizer
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import load_tactic_states
+from leanagent.models.tokenizer import ByteTokenizer
 
 
 def token_lengths(texts: list[str]) -> np.ndarray:

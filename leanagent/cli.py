@@ -16,7 +16,7 @@ from pytorch_lightning.cli import LightningCLI
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
 from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
-from leanagent.checkpoints import SPECIAL_CKPT_PATHS, load_checkpoint
+from leanagent.checkpoint_files import SPECIAL_CKPT_PATHS, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.distributed import (
     ONE_YEAR,
@@ -299,7 +299,7 @@ def main(args: list[str] | None = None) -> None:
     _install_fault_handling()
     try:
         if argv and argv[0] in LIFELONG_COMMANDS:
-            from leanagent.lifelong.cli import main as lifelong_main
+            from leanagent.lifelong.commands import main as lifelong_main
 
             lifelong_main(argv[0], argv[1:])
         else:

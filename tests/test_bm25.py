@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from leanagent.data.corpus import Corpus
-from leanagent.data.tactics import load_tactic_states
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import load_tactic_states
 from leanagent.errors import LeanAgentError
 from leanagent.retrieval.bm25 import BM25Index, LeanTokenizer, masked_topk
 

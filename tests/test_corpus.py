@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from leanagent.data.corpus import Corpus, position_key
+from leanagent.corpus.corpus import Corpus, position_key
 from leanagent.errors import LeanAgentError
 from tests.conftest import premise, toy_corpus, write_dataset
 
@@ -111,7 +111,7 @@ def test_premises_reprover_skips_are_skipped_and_counted_in_one_warning(tmp_path
 
 
 def test_premises_are_embedded_in_reprovers_serialized_form():
-    from leanagent.data.corpus import serialize_premise
+    from leanagent.corpus.corpus import serialize_premise
 
     assert serialize_premise("Nat.add_comm", "theorem add_comm (n m : ℕ) : n + m = m + n") == (
         "theorem <a>Nat.add_comm</a> (n m : ℕ) : n + m = m + n")

@@ -93,7 +93,7 @@ def test_unpadded_sampler_covers_each_index_exactly_once(size, world):
 
 
 def test_byte_tokenizer_matches_byt5_and_truncates_keeping_eos():
-    from leanagent.data.tokenizer import ByteTokenizer
+    from leanagent.models.tokenizer import ByteTokenizer
 
     ids, lengths = ByteTokenizer().encode(["ab", "é" + "x" * 10], max_len=5)
     assert ids[0].tolist() == [ord("a") + 3, ord("b") + 3, 1, 0, 0] and lengths[0] == 3

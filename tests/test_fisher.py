@@ -8,7 +8,7 @@ import torch
 
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.errors import LeanAgentError
-from leanagent.fisher_file import load_fisher, save_fisher
+from leanagent.ewc.fisher_file import load_fisher, save_fisher
 from leanagent.models.fisher import FisherInformation, load_retriever
 from leanagent.models.retriever import batch_loss, contrastive_loss
 

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from leanagent.data.corpus import Corpus, position_key
+from leanagent.corpus.corpus import Corpus, position_key
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.data.hard_negatives import mine_hard_negatives
-from leanagent.data.sampling import NegativeSampler
-from leanagent.data.tactics import TacticStates
+from leanagent.data.negatives import NegativeSampler
+from leanagent.corpus.tactics import TacticStates
 from leanagent.errors import LeanAgentError
 from leanagent.retrieval.bm25 import BM25Index
 from tests.conftest import premise, toy_corpus

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from leanagent.metrics import retrieval_metrics
+from leanagent.retrieval.metrics import retrieval_metrics
 
 
 def test_recall_and_mrr_against_hand_computed_values():
@@ -31,7 +31,7 @@ def test_padding_minus_one_is_never_a_hit():
 
 
 def test_fewer_retrieved_than_ten_measures_recall_at_that_many():
-    from leanagent.metrics import metric_names, recall_ks
+    from leanagent.retrieval.metrics import metric_names, recall_ks
 
     assert recall_ks(100) == (1, 10) and metric_names(5) == ("Recall@1", "Recall@5", "MRR")
     assert metric_names(1) == ("Recall@1", "MRR")

@@ -4,8 +4,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from leanagent.data.corpus import Corpus, position_key
-from leanagent.data.sampling import NegativeSampler
+from leanagent.corpus.corpus import Corpus, position_key
+from leanagent.data.negatives import NegativeSampler
 from tests.conftest import BUNDLED, toy_corpus
 
 

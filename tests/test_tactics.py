@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from leanagent.data.corpus import Corpus
-from leanagent.data.tactics import load_tactic_states
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import load_tactic_states
 from leanagent.errors import LeanAgentError
 from tests.conftest import tactic, theorem, toy_corpus, write_dataset
 

@@ -11,7 +11,7 @@ import pytest
 
 from leanagent.data import token_store
 from leanagent.data.token_store import TokenTable, content_key, source_key, tokenize
-from leanagent.data.tokenizer import ByteTokenizer, gather_tokens
+from leanagent.models.tokenizer import ByteTokenizer, gather_tokens
 
 TEXTS = ["ab", "é" + "x" * 10, "", "∀ x, x = x", "a" * 40, "⊢ True"]
 
@@ -200,7 +200,7 @@ def test_datamodule_rebuilds_corpus_tokens_when_the_corpus_changes(toy_dataset, 
 
 
 def test_hf_ragged_encoding_matches_its_dense_encoding():
-    from leanagent.data.tokenizer import HFTokenizer
+    from leanagent.models.tokenizer import HFTokenizer
 
     class Stub:  # a Hugging Face tokenizer's call: ids per text, truncated to max_length with EOS kept
         def __call__(self, texts, max_length, truncation):

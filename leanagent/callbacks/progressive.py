@@ -12,7 +12,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 
-from leanagent.checkpoints import fit_state
+from leanagent.checkpoint_files import fit_state
 from leanagent.errors import LeanAgentError
 
 log = logging.getLogger("leanagent")

@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from leanagent.data.corpus import Corpus
+from leanagent.corpus.corpus import Corpus
 from leanagent.data.hard_negatives import shared_hard_negatives
-from leanagent.data.sampling import NegativeSampler
+from leanagent.data.negatives import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
-from leanagent.data.tactics import TacticStates, load_tactic_states, warn_unresolved
+from leanagent.corpus.tactics import TacticStates, load_tactic_states, warn_unresolved
 from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
-from leanagent.data.tokenizer import load_tokenizer
+from leanagent.models.tokenizer import load_tokenizer
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_bytes, require_file
 from leanagent.retrieval.bm25 import BM25Index

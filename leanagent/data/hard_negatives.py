@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leanagent.data.corpus import Corpus
-from leanagent.data.tactics import TacticStates
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import TacticStates
 from leanagent.data.token_store import _locked, default_cache_dir
 from leanagent.io import atomic_open
 from leanagent.retrieval.bm25 import BM25Index, masked_topk
@@ -68,7 +68,7 @@ def mine_hard_negatives(
 def pools_key(states: TacticStates, pool: int, corpus_key: str) -> str:
     """Everything the pools are made from: the corpus, the states (text, file, position, positives), the
     pool size, and the code that mines them (BM25's tokenizer and scoring, accessibility, the mining)."""
-    from leanagent.data import corpus as corpus_module
+    from leanagent.corpus import corpus as corpus_module
     from leanagent.retrieval import bm25
 
     digest = hashlib.sha256(f"hard-negatives-v1|{pool}|{corpus_key}|{len(states)}|".encode())

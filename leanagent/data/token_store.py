@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from leanagent.data.tokenizer import PAD_ID
+from leanagent.models.tokenizer import PAD_ID
 
 log = logging.getLogger("leanagent")
 
@@ -199,6 +199,6 @@ def _write(entry: Path, tokens: np.ndarray, offsets: np.ndarray) -> None:
 
 def corpus_code_version() -> str:
     """A hash of the code that turns a corpus file into premise texts, so changing it invalidates cached tokens."""
-    from leanagent.data import corpus
+    from leanagent.corpus import corpus
 
     return hashlib.sha256(Path(corpus.__file__).read_bytes()).hexdigest()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 
-from leanagent.checkpoints import load_checkpoint
+from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
-from leanagent.metrics import metric_names
+from leanagent.retrieval.metrics import metric_names
 from leanagent.models.fisher import load_retriever
 from leanagent.retrieval.fusion import BASELINE_MODES
 

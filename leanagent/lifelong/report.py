@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from leanagent.io import atomic_write, write_csv, write_json
-from leanagent.lifelong.metrics import average_test_recall, lifelong_metrics
+from leanagent.lifelong.lifelong_metrics import average_test_recall, lifelong_metrics
 
 
 def evaluation_rows(state: dict) -> list[dict]:

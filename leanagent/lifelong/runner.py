@@ -25,9 +25,9 @@ from typing import Literal
 
 import torch
 
-from leanagent.checkpoints import FIT_STATE_KEY, fit_state, load_checkpoint
+from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError
-from leanagent.ewc import combine_fisher
+from leanagent.ewc.penalty import combine_fisher
 from leanagent.io import atomic_write, ensure_writable, read_json, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits

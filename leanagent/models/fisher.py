@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from leanagent.errors import LeanAgentError
-from leanagent.checkpoints import load_checkpoint
-from leanagent.fisher_file import save_fisher
+from leanagent.checkpoint_files import load_checkpoint
+from leanagent.ewc.fisher_file import save_fisher
 from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss, stack_padded
 from leanagent.watchdog import beat
 

@@ -18,10 +18,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from pytorch_lightning.trainer.states import TrainerFn
 
-from leanagent.checkpoints import FIT_STATE_KEY, FitState, drop_per_fit_callback_state, next_fit_start
+from leanagent.checkpoint_files import FIT_STATE_KEY, FitState, drop_per_fit_callback_state, next_fit_start
 from leanagent.errors import LeanAgentError
-from leanagent.fisher_file import check_state_dict
-from leanagent.metrics import metric_names, recall_ks, retrieval_metrics
+from leanagent.ewc.fisher_file import check_state_dict
+from leanagent.retrieval.metrics import metric_names, recall_ks, retrieval_metrics
 from leanagent.models.chunking import length_chunks
 from leanagent.models.encoder import Encoder
 from leanagent.retrieval.bm25 import BM25Index
@@ -174,7 +174,7 @@ class PremiseRetriever(pl.LightningModule):
                 higher cuts calls (512: 1.19x padded tokens on mathlib-order, benchmarks/train_speed.py).
             loss: `mse` (ReProver/LeanAgent) or `infonce` (see `contrastive_loss`).
             fisher_path: a Fisher file; with `ewc_lambda` > 0 training adds the EWC penalty towards
-                the weights that Fisher was computed on (see leanagent/ewc.py).
+                the weights that Fisher was computed on (see leanagent/ewc/penalty.py).
             ewc_lambda: EWC strength (0 disables it).
             ewc_form: `paper` (lambda/2 * sum F (theta - theta*)^2) or `leanagent` (no 1/2).
             retrieval: the ranking predict writes: `dense` (the encoder), `bm25`
@@ -234,7 +234,7 @@ class PremiseRetriever(pl.LightningModule):
                 for name, parameter in expected.items():
                     parameter.copy_(tensors[name])
         # A plain object, not a submodule: F and theta* must not be DDP buffers broadcast every step.
-        from leanagent.ewc import build_ewc
+        from leanagent.ewc.penalty import build_ewc
 
         self.ewc = build_ewc(fisher_path, ewc_lambda, ewc_form, dict(self.encoder_parameters()))
         self.corpus_embeddings: torch.Tensor | None = None

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from leanagent.errors import LeanAgentError
-from leanagent.fisher_file import check_state_dict
+from leanagent.ewc.fisher_file import check_state_dict
 
 SHIPPED_DIR = Path(__file__).resolve().parent
 WEIGHTS_FORMAT = "leanagent-retriever-encoder"
@@ -56,7 +56,7 @@ def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], str | None]:
                 f"{metadata.get('format')!r}, expected {WEIGHTS_FORMAT!r})"
             )
         return tensors, metadata.get("model_name")
-    from leanagent.checkpoints import load_checkpoint
+    from leanagent.checkpoint_files import load_checkpoint
 
     checkpoint = load_checkpoint(path, "model.init_from")
     tensors = {k: v for k, v in checkpoint["state_dict"].items() if k.startswith("encoder.")}

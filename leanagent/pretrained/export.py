@@ -14,7 +14,7 @@ import hashlib
 import subprocess
 from pathlib import Path
 
-from leanagent.checkpoints import load_checkpoint
+from leanagent.checkpoint_files import load_checkpoint
 from leanagent.io import write_json
 from leanagent.pretrained import SHIPPED_DIR, save_encoder
 

@@ -23,7 +23,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from leanagent.data.corpus import Corpus
+from leanagent.corpus.corpus import Corpus
 from leanagent.errors import LeanAgentError
 
 # A word: letters (any script: ℕ, α), digits, subscripts (h₁), _, ', !, ? and inner dots (Nat.succ_le).

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from leanagent.errors import LeanAgentError
-from leanagent.lifelong.metrics import (
+from leanagent.lifelong.lifelong_metrics import (
     average_test_recall,
     catastrophic_forgetting_resilience,
     expanded_backward_transfer,

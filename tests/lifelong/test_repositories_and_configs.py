@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from leanagent.errors import LeanAgentError
-from leanagent.lifelong.cli import format_table, parse_ablation, parse_lifelong
+from leanagent.lifelong.commands import format_table, parse_ablation, parse_lifelong
 from leanagent.lifelong.repositories import Repositories, resolve_repositories, split_bundled
 from leanagent.lifelong.runner import settings_fingerprint
 from tests.conftest import BUNDLED, REPO, shared_data, tactic, theorem, toy_corpus, write_dataset

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from leanagent.data.corpus import Corpus, _field, position_key
+from leanagent.corpus.corpus import Corpus, _field, position_key
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_json
 

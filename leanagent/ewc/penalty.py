@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 
 from leanagent.errors import LeanAgentError
-from leanagent.fisher_file import load_fisher, read_fisher_metadata, read_fisher_tensors, save_fisher, weights_fingerprint
+from leanagent.ewc.fisher_file import load_fisher, read_fisher_metadata, read_fisher_tensors, save_fisher, weights_fingerprint
 
 EWCForm = Literal["paper", "leanagent"]
 
@@ -61,7 +61,7 @@ def load_theta_star(metadata: dict[str, str], fisher_path: str | os.PathLike) ->
             raise LeanAgentError(f"{fisher_path}: carries no theta* and names no source_checkpoint, so theta* is unknown")
         if not Path(source).is_file():
             raise LeanAgentError(f"{fisher_path}: carries no theta*, and its source checkpoint {source} is not found")
-        from leanagent.checkpoints import load_checkpoint
+        from leanagent.checkpoint_files import load_checkpoint
 
         state = load_checkpoint(source, f"{fisher_path}: source checkpoint")["state_dict"]
         theta = {name: state[name] for name in names if name in state}

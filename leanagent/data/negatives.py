@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from leanagent.data.corpus import Corpus
+from leanagent.corpus.corpus import Corpus
 
 
 class NegativeSampler:

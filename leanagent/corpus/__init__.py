@@ -1,0 +1,1 @@
+"""Tactic-state corpora in the LeanDojo Benchmark 4 layout: premises, files, imports, tactic states."""

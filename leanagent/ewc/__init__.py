@@ -1,0 +1,1 @@
+"""Elastic Weight Consolidation: the penalty and the Fisher files it reads."""
