@@ -15,6 +15,7 @@ from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningCLI
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
+from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
 from leanagent.checkpoint_files import SPECIAL_CKPT_PATHS, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
@@ -28,8 +29,11 @@ from leanagent.distributed import (
     set_nccl_env,
     uses_cpu,
 )
+from leanagent.cli_errors import check_replaced_configs, summarize_parse_error, user_error
+from leanagent.compat import add_subcommand
 from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable
+from leanagent.lifelong.commands import COMMANDS
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
 from leanagent.watchdog import Watchdog
@@ -51,6 +55,14 @@ class LeanAgentCLI(LightningCLI):
         quiet = {"exit_on_error": False}
         kwargs.setdefault("parser_kwargs", {**quiet, **{name: quiet for name in ("fit", "validate", "test", "predict")}})
         super().__init__(*args, **kwargs)
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
+        """Lightning's fit/validate/test/predict, then leanagent's own commands in the same tree."""
+        super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+        if add_subcommands:
+            for name, command in COMMANDS.items():
+                parser = command.parser(exit_on_error=False)
+                add_subcommand(self.parser, name, parser, help=parser.description)
 
     def add_arguments_to_parser(self, parser) -> None:
         # ReProver's links: one setting each, shared by model and data.
@@ -74,6 +86,25 @@ class LeanAgentCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         self._raw_args = list(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
+        name = self.config.get("subcommand")
+        if name in COMMANDS:  # not a Trainer method: nothing of Lightning's to instantiate
+            COMMANDS[name].run(self.config[name])
+            raise CommandFinished(name)
+
+    def explicit_model_keys(self, subcommand: str | None) -> set[str]:
+        """Model settings the user gave (command line or config files): jsonargparse parses without defaults."""
+        # A link needs its source even in a parse without defaults: the data side's is given its resolved value.
+        config = self.config[subcommand] if subcommand else self.config
+        sources = [f"--{key}={config[key]}" for key in LINK_SOURCES if config.get(key) is not None]
+        args = [*self._raw_args, *sources]
+        given = self.parser.parse_args(args, defaults=False)
+        given = given.get(subcommand) if subcommand else given
+        model = given.get("model") if given is not None else None
+        if not isinstance(model, Namespace):
+            return set()
+        init_args = model.get("init_args")
+        keys = set(init_args.keys()) if isinstance(init_args, Namespace) else set()
+        return keys | {k for k in model.keys() if k not in ("class_path", "init_args", "dict_kwargs") and "." not in k}
 
     def _parse_ckpt_path(self) -> None:
         """LightningCLI lets a checkpoint's hyperparameters override the command line; here what the user
@@ -92,7 +123,7 @@ class LeanAgentCLI(LightningCLI):
                 f"--ckpt_path: {ckpt_path} holds no optimizer state (a weights-only checkpoint), so a fit cannot "
                 "resume from it; give a checkpoint that a fit wrote (such as last.ckpt)"
             )
-        adopted = adopt_checkpoint_hparams(config, self._checkpoint, explicit_model_keys(self._raw_args, subcommand))
+        adopted = adopt_checkpoint_hparams(config, self._checkpoint, self.explicit_model_keys(subcommand))
         if adopted:
             log.info("from checkpoint %s: %s", ckpt_path, ", ".join(f"{k}={v!r}" for k, v in adopted.items()))
 
@@ -191,6 +222,13 @@ def use_final_last_checkpoint(config: Namespace) -> None:
                      LIGHTNING_MODEL_CHECKPOINT[0], FINAL_LAST_CHECKPOINT)
 
 
+def logger_name(config: Namespace) -> str | None:
+    logger = config.trainer.get("logger")
+    if isinstance(logger, Namespace):
+        return (logger.get("init_args") or Namespace()).get("name")
+    return None
+
+
 def check_device_count(devices: Any) -> None:
     value = devices
     if isinstance(devices, str) and devices.lstrip("-").isdigit():
@@ -204,6 +242,8 @@ def check_outputs_writable(config: Namespace) -> None:
     outputs: list[tuple[str, str]] = []
     for i, callback in enumerate(config.trainer.get("callbacks") or []):
         dirpath = callback.get("init_args", Namespace()).get("dirpath") if isinstance(callback, Namespace) else None
+        if not dirpath and isinstance(callback, Namespace) and callback.class_path == FINAL_LAST_CHECKPOINT:
+            dirpath = default_dirpath(logger_name(config) or "lightning_logs", config.trainer.get("default_root_dir"))
         if dirpath:
             outputs.append((f"trainer.callbacks[{i}] ({callback.class_path.rsplit('.', 1)[-1]}) dirpath", dirpath))
     logger = config.trainer.get("logger")
@@ -218,35 +258,7 @@ def check_outputs_writable(config: Namespace) -> None:
 
 ARCHITECTURE_KEYS = ("model_name",)
 LINKED_KEYS = ("max_seq_len",)  # set from data.max_seq_len, never from a checkpoint
-
-
-def explicit_model_keys(argv: list[str], subcommand: str) -> set[str]:
-    """Model settings the user gave: `--model.[init_args.]KEY` on the command line, or in a --config file."""
-    keys: set[str] = set()
-    for i, token in enumerate(argv):
-        if token.startswith("--model."):
-            name = token[len("--model."):].split("=", 1)[0]
-            keys.add(name[len("init_args."):] if name.startswith("init_args.") else name)
-        if token in ("--config", "-c") and i + 1 < len(argv) or token.startswith("--config="):
-            path = argv[i + 1] if "=" not in token else token.split("=", 1)[1]
-            keys |= _model_keys_in_config(path, subcommand)
-    return keys
-
-
-def _model_keys_in_config(path: str, subcommand: str) -> set[str]:
-    import yaml
-
-    try:
-        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
-        return set()  # the parser reports unreadable configs itself
-    if isinstance(loaded, dict) and isinstance(loaded.get(subcommand), dict):
-        loaded = loaded[subcommand]
-    model = loaded.get("model") if isinstance(loaded, dict) else None
-    if not isinstance(model, dict):
-        return set()
-    init_args = model.get("init_args") if isinstance(model.get("init_args"), dict) else {}
-    return {k for k in model if k not in ("class_path", "init_args", "dict_kwargs")} | set(init_args)
+LINK_SOURCES = ("data.max_seq_len",)
 
 
 def adopt_checkpoint_hparams(config: Namespace, checkpoint: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
@@ -290,7 +302,8 @@ def _setup_logging() -> None:
         logger.propagate = False
 
 
-LIFELONG_COMMANDS = ("lifelong", "ablation", "curriculum", "merge")
+class CommandFinished(Exception):
+    """One of leanagent's own commands ran; there is no Trainer method to run after it."""
 
 
 def main(args: list[str] | None = None) -> None:
@@ -298,12 +311,10 @@ def main(args: list[str] | None = None) -> None:
     argv = sys.argv[1:] if args is None else args
     _install_fault_handling()
     try:
-        if argv and argv[0] in LIFELONG_COMMANDS:
-            from leanagent.lifelong.commands import main as lifelong_main
-
-            lifelong_main(argv[0], argv[1:])
-        else:
-            LeanAgentCLI(args=args)
+        check_replaced_configs(argv)
+        LeanAgentCLI(args=args)
+    except CommandFinished:
+        return
     except Preempted as stop:
         # Inside a lifelong stage the runner says what to do (rerun the lifelong command), not --ckpt_path.
         stage = os.environ.get("LEANAGENT_LIFELONG_STAGE") == "1"
@@ -314,43 +325,14 @@ def main(args: list[str] | None = None) -> None:
         print(f"error: {summarize_parse_error(str(e), argv)}", file=sys.stderr)
         sys.exit(2)
     except Exception as e:
-        user_error = _user_error(e)
-        if user_error is None:
+        found = user_error(e)
+        if found is None:
             _exit_if_collective_failed(e)
             raise
         rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))  # RANK: global, set by torchrun
         prefix = "error" if rank == "0" else f"error (rank {rank})"
-        print(f"{prefix}: {user_error}", file=sys.stderr)
-        sys.exit(getattr(user_error, "exit_code", 2))
-
-
-def summarize_parse_error(message: str, argv: list[str]) -> str:
-    """jsonargparse's many-line parse errors as one line: config file(s), the innermost key, why, the value."""
-    import re
-
-    import yaml
-
-    configs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
-    configs += [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    if message.startswith("Problems parsing config"):
-        for path in configs:
-            try:
-                yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-            except yaml.YAMLError as e:
-                mark = getattr(e, "problem_mark", None)
-                where = f"{path}:{mark.line + 1}" if mark is not None else path
-                return f"{where}: malformed YAML ({getattr(e, 'problem', None) or 'cannot parse'})"
-            except (OSError, UnicodeDecodeError) as e:
-                return f"{path}: cannot read the config ({e})"
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    reasons = [r.strip() for r in re.findall(r"^\s*- (.+)$", message, re.M) if "NoneType" not in r and "Problem with" not in r]
-    values = re.findall(r"Given value: (.+)$", message, re.M)
-    source = f"{', '.join(configs)}: " if configs else ""
-    if keys:
-        reason = reasons[-1] if reasons else "invalid value"
-        value = f" (got {values[0].strip()})" if values else ""
-        return f"{source}{'.'.join(keys)}: {reason}{value}"
-    return source + " ".join(line.strip() for line in message.splitlines() if line.strip())[:400]
+        print(f"{prefix}: {found}", file=sys.stderr)
+        sys.exit(getattr(found, "exit_code", 2))
 
 
 def _install_fault_handling() -> None:
@@ -368,14 +350,3 @@ def _exit_if_collective_failed(error: BaseException) -> None:
     failed = watchdog.collective_error(error)
     if failed is not None:
         sys.exit(watchdog.handle_collective_error(failed))
-
-
-def _user_error(error: BaseException | None) -> LeanAgentError | None:
-    """jsonargparse wraps exceptions raised while instantiating classes; find ours in the chain."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, LeanAgentError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None

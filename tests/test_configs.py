@@ -62,17 +62,13 @@ def test_config_parses_and_resolves_the_strategy(config: Path, clean_env, tmp_pa
     assert config_ns.trainer.devices == 4 and config_ns.trainer.precision == "bf16-mixed"
     assert config_ns.trainer.log_every_n_steps == 1 and config_ns.trainer.num_sanity_val_steps == 0
     callbacks = {c.class_path.rsplit(".", 1)[-1]: c for c in config_ns.trainer.callbacks}
-    assert {"DataLoadingBarrier", "FitEndBarrier", "LearningRateMonitor", "ModelCheckpoint", "EarlyStopping"} <= set(callbacks)
+    assert {"DataLoadingBarrier", "FitEndBarrier"} <= set(callbacks)
+    if "FisherInformation" in config.read_text():  # one pass, no optimizer, nothing to monitor or checkpoint
+        assert cli.trainer.checkpoint_callback is None
+        return
+    assert {"LearningRateMonitor", "ModelCheckpoint", "EarlyStopping"} <= set(callbacks)
     assert callbacks["ModelCheckpoint"].init_args.monitor == "Recall@10_val"
     assert callbacks["EarlyStopping"].init_args.patience == 5
-
-
-def test_byt5_small_recipe_has_reprovers_hyperparameters():
-    raw = yaml.safe_load((REPO / "configs/retrieval_byt5_small.yaml").read_text())
-    model, data = raw["model"]["init_args"], raw["data"]
-    assert model["model_name"] == "google/byt5-small" and model["loss"] == "mse"
-    assert (model["lr"], model["warmup_steps"], model["num_retrieved"]) == (2e-4, 2000, 100)
-    assert (data["num_negatives"], data["num_in_file_negatives"], data["batch_size"], data["max_seq_len"]) == (3, 1, 8, 1024)
 
 
 def test_retrieval_config_has_leanagent_optimisation_settings(clean_env, tmp_path):
@@ -115,26 +111,6 @@ def test_print_config_shows_the_strategy_actually_used(name):
 
 
 RECIPES = sorted((REPO / "configs" / "recipes").glob("*.yaml"))
-
-
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_recipe_overlays_compose_on_the_main_job(recipe: Path, clean_env, tmp_path):
-    """`--config configs/retrieval.yaml --config configs/recipes/X.yaml`: the overlay's settings win, the base's rest."""
-    overlay = yaml.safe_load(recipe.read_text())
-    args = ["--config", str(REPO / "configs/retrieval.yaml"), "--config", str(recipe), "--trainer.accelerator=cpu",
-            f"--trainer.default_root_dir={tmp_path}"]
-    if not (REPO / overlay.get("data", {}).get("corpus_path", "data/batteries/corpus.jsonl")).exists():
-        args += ["--data.data_path=data/batteries/random", "--data.corpus_path=data/batteries/corpus.jsonl"]
-    cli = LeanAgentCLI(args=args, run=False)
-    config = cli.config
-    for key, value in overlay.get("model", {}).get("init_args", {}).items():
-        assert config.model.init_args[key] == value, key
-    for key, value in overlay.get("data", {}).items():
-        if key not in ("data_path", "corpus_path"):
-            assert config.data[key] == value, key
-    assert config.data.max_seq_len == config.model.init_args.max_seq_len
-    assert config.trainer.strategy.init_args.timeout == ONE_YEAR  # the base's strategy survives the overlay
-    assert config.trainer.precision == "bf16-mixed" and config.trainer.gradient_clip_val == 1.0
 
 
 @pytest.mark.parametrize("config", [*CONFIGS, *RECIPES], ids=lambda p: p.name)

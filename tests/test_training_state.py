@@ -12,7 +12,7 @@ from jsonargparse import Namespace
 from leanagent.callbacks.checkpoints import ModelCheckpoint
 from leanagent.callbacks.progressive import plan_max_epochs
 from leanagent.checkpoint_files import FIT_STATE_KEY, load_checkpoint, next_fit_start
-from leanagent.cli import adopt_checkpoint_hparams, explicit_model_keys, use_final_last_checkpoint
+from leanagent.cli import LeanAgentCLI, adopt_checkpoint_hparams, use_final_last_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.models.retriever import warmup_cosine
 
@@ -115,11 +115,14 @@ def test_lightning_model_checkpoint_in_a_config_runs_as_ours():
 
 def test_explicit_settings_come_from_the_command_line_and_config_files(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("model:\n  class_path: x.Y\n  init_args:\n    lr: 0.1\n    loss: mse\n")
+    config.write_text("model:\n  class_path: leanagent.models.retriever.PremiseRetriever\n  init_args:\n    lr: 0.1\n    loss: mse\n")
     reprover = tmp_path / "r.yaml"
     reprover.write_text("model:\n  model_name: byt5-tiny\n  warmup_steps: 5\n")
-    argv = ["--config", str(config), f"--config={reprover}", "--model.init_args.num_retrieved=5", "--model.weight_decay", "0.1"]
-    assert explicit_model_keys(argv, "fit") == {"lr", "loss", "model_name", "warmup_steps", "num_retrieved", "weight_decay"}
+    argv = ["--config", str(config), f"--config={reprover}", "--model.init_args.num_retrieved=5", "--model.weight_decay", "0.1",
+            "--trainer.accelerator=cpu", "--trainer.devices=1"]
+    cli = LeanAgentCLI(args=argv, run=False)
+    assert cli.explicit_model_keys(None) == {"lr", "loss", "model_name", "warmup_steps", "num_retrieved", "weight_decay"}
+    assert cli.config.model.init_args.max_seq_len == 512  # a default, not given: the checkpoint's would win
 
 
 def retriever_config(**init_args) -> Namespace:

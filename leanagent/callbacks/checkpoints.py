@@ -4,6 +4,10 @@ With `monitor` set, the pinned Lightning rewrites `last.ckpt` only when a new be
 fit whose metric fell in its final epochs leaves an older epoch there. Resuming, the Fisher
 config and every lifelong stage read `last.ckpt`; here it is rewritten at the end of every
 training epoch, and every file (best and last) is written to a temporary name and renamed.
+
+With no `dirpath`, checkpoints go to `checkpoints/<logger name>` (Lightning's default is a new
+versioned folder per run, which a resume or a lifelong stage could not find): a config overlay then
+renames a recipe's logs and checkpoints together by setting `trainer.logger.init_args.name`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ class ModelCheckpoint(LightningModelCheckpoint):
         """Lightning's "Checkpoint directory ... exists and is not empty" says nothing about what happens."""
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.dirpath is None and trainer.loggers and trainer.loggers[0].name:
+            self.dirpath = default_dirpath(str(trainer.loggers[0].name), trainer.default_root_dir)
         super().setup(trainer, pl_module, stage)
         if stage != "fit" or not trainer.is_global_zero or not self.dirpath or not os.path.isdir(self.dirpath):
             return
@@ -63,3 +69,11 @@ class ModelCheckpoint(LightningModelCheckpoint):
         # Even if a best checkpoint was just saved at this step: last.ckpt must be this epoch's end.
         if self.save_last and not (trainer.fast_dev_run or trainer.sanity_checking):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+
+def default_dirpath(logger_name: str, root: str | os.PathLike | None = None) -> str:
+    """`checkpoints/<logger name>`, under the trainer's default_root_dir when that is not the working folder."""
+    folder = os.path.join("checkpoints", logger_name)
+    if root is None or os.path.abspath(root) == os.getcwd():
+        return folder
+    return os.path.join(str(root), folder)

@@ -1,13 +1,18 @@
-"""Commands `lifelong`, `ablation`, `curriculum` (`python main.py <command> --config ...`) and `merge`."""
+"""The commands beside LightningCLI's fit/validate/test/predict: `lifelong`, `ablation`, `curriculum`, `merge`.
+
+Each is a jsonargparse parser (the same `--config`, `--print_config` and `--help` as fit's) and a function
+that runs on the parsed settings. leanagent/cli.py registers them as subcommands of the one app.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from leanagent.io import write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
@@ -29,38 +34,84 @@ class Setup:
 
 @dataclass
 class AblationSettings:
-    base: str = "configs/lifelong.yaml"
+    # One lifelong config, or several composed in order (as repeated --config composes them).
+    base: str | list[str] = "configs/lifelong.yaml"
     output_dir: str = "results/ablation"
     setups: list[Setup] = field(default_factory=list)
 
 
-def _parser(kind: type, prog: str, description: str) -> ArgumentParser:
-    parser = ArgumentParser(prog=prog, description=description, exit_on_error=True)
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of settings")
+def _settings_parser(kind: type, description: str, **kwargs: Any) -> ArgumentParser:
+    parser = ArgumentParser(description=description, **kwargs)
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a YAML file of settings; repeat to compose")
     parser.add_class_arguments(kind, as_group=False)
     return parser
 
 
-def parse_lifelong(argv: list[str]) -> LifelongSettings:
-    parser = _parser(LifelongSettings, "main.py lifelong", "Run LeanAgent's lifelong learning over repositories.")
-    config = parser.parse_args(argv).as_dict()
-    config.pop("config", None)
-    settings = LifelongSettings(**{k: v for k, v in config.items() if k not in ("repositories", "ewc")})
-    settings.repositories = Repositories(**(config.get("repositories") or {}))
-    settings.ewc = EWCSettings(**(config.get("ewc") or {}))
+def lifelong_parser(**kwargs: Any) -> ArgumentParser:
+    return _settings_parser(LifelongSettings, "Run LeanAgent's lifelong learning over repositories.", **kwargs)
+
+
+def ablation_parser(**kwargs: Any) -> ArgumentParser:
+    return _settings_parser(AblationSettings, "Run every setup of LeanAgent's Table 4 and tabulate them.", **kwargs)
+
+
+def curriculum_parser(**kwargs: Any) -> ArgumentParser:
+    return _settings_parser(LifelongSettings, "Print the curriculum order a lifelong config would train in.", **kwargs)
+
+
+def merge_parser(**kwargs: Any) -> ArgumentParser:
+    from leanagent.lifelong.merge import DEFAULT_SPLITS
+
+    parser = ArgumentParser(description="Merge dataset folders into one, as LeanAgent's Merge All builds it.", **kwargs)
+    parser.add_argument("-c", "--config", action=ActionConfigFile, help="a YAML file of settings")
+    parser.add_argument("sources", nargs="+", type=str, help="dataset folders (corpus.jsonl and split folders)")
+    parser.add_argument("--out", type=str, required=True, help="the merged dataset folder to write")
+    parser.add_argument("--split", type=list[str], default=list(DEFAULT_SPLITS), help="split folders to merge")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it exists")
+    return parser
+
+
+def lifelong_settings(config: Namespace) -> LifelongSettings:
+    values = _plain(config)
+    settings = LifelongSettings(**{k: v for k, v in values.items() if k not in ("repositories", "ewc")})
+    settings.repositories = Repositories(**(values.get("repositories") or {}))
+    settings.ewc = EWCSettings(**(values.get("ewc") or {}))
     return settings
 
 
+def ablation_settings(config: Namespace) -> AblationSettings:
+    values = _plain(config)
+    setups = [s if isinstance(s, Setup) else Setup(**s) for s in values["setups"]]
+    return AblationSettings(base=values["base"], output_dir=values["output_dir"], setups=setups)
+
+
+def _plain(config: Namespace) -> dict[str, Any]:
+    values = config.as_dict() if isinstance(config, Namespace) else dict(config)
+    for key in ("config", "__path__", "__default_config__"):
+        values.pop(key, None)
+    return values
+
+
+def parse_lifelong(argv: list[str]) -> LifelongSettings:
+    return lifelong_settings(lifelong_parser(exit_on_error=False).parse_args(argv))
+
+
 def parse_ablation(argv: list[str]) -> AblationSettings:
-    parser = _parser(AblationSettings, "main.py ablation", "Run every setup of LeanAgent's Table 4 and tabulate them.")
-    config = parser.parse_args(argv).as_dict()
-    setups = [Setup(**s) if isinstance(s, dict) else s for s in config["setups"]]
-    return AblationSettings(base=config["base"], output_dir=config["output_dir"], setups=setups)
+    return ablation_settings(ablation_parser(exit_on_error=False).parse_args(argv))
 
 
-def run_ablation(argv: list[str]) -> list[dict]:
-    ablation = parse_ablation(argv)
-    base = parse_lifelong(["--config", ablation.base])
+def run_lifelong(config: Namespace) -> dict:
+    settings = lifelong_settings(config)
+    summary = LifelongRun(settings).run()
+    print(format_table([{"order": " > ".join(summary["order"]), **summary["metrics"], **final_averages(summary)}]))
+    print(f"results in {settings.output_dir}: results.json, evaluations.csv, lifelong.png")
+    return summary
+
+
+def run_ablation(config: Namespace) -> list[dict]:
+    ablation = ablation_settings(config)
+    bases = [ablation.base] if isinstance(ablation.base, str) else list(ablation.base)
+    base = parse_lifelong([arg for path in bases for arg in ("--config", path)])
     rows = []
     out = Path(ablation.output_dir)
     for setup in ablation.setups:
@@ -74,6 +125,22 @@ def run_ablation(argv: list[str]) -> list[dict]:
     write_csv(out / "ablation.csv", rows)
     print(format_table(rows))
     return rows
+
+
+def run_curriculum(config: Namespace) -> None:
+    settings = lifelong_settings(config)
+    repos = resolve_repositories(settings.repositories, Path(settings.output_dir))
+    print(format_curriculum(compute_curriculum(repos, settings.split)))
+
+
+def run_merge(config: Namespace) -> None:
+    """One dataset folder from several; recipes that train on many repositories at once read it."""
+    from leanagent.lifelong.merge import merge_datasets
+
+    stats = merge_datasets([Path(s) for s in config.sources], Path(config.out), config.split, overwrite=config.overwrite)
+    counts = ", ".join(f"{name} {parts}" for name, parts in stats.theorems.items())
+    print(f"merged {len(config.sources)} datasets into {config.out}: {stats.files} files, {stats.premises} premises; "
+          f"theorems: {counts}")
 
 
 def final_averages(summary: dict) -> dict[str, float]:
@@ -92,35 +159,17 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([line(columns), *(line(row) for row in cells)])
 
 
-def main(command: str, argv: list[str]) -> None:
-    if command == "lifelong":
-        settings = parse_lifelong(argv)
-        summary = LifelongRun(settings).run()
-        print(format_table([{"order": " > ".join(summary["order"]), **summary["metrics"], **final_averages(summary)}]))
-        print(f"results in {settings.output_dir}: results.json, evaluations.csv, lifelong.png")
-    elif command == "ablation":
-        run_ablation(argv)
-    elif command == "merge":
-        run_merge(argv)
-    elif command == "curriculum":
-        settings = parse_lifelong(argv)
-        repos = resolve_repositories(settings.repositories, Path(settings.output_dir))
-        print(format_curriculum(compute_curriculum(repos, settings.split)))
+@dataclass(frozen=True)
+class Command:
+    """A subcommand of the app: its parser (built with the app's parser options) and what runs it."""
+
+    parser: Callable[..., ArgumentParser]
+    run: Callable[[Namespace], object]
 
 
-def run_merge(argv: list[str]) -> None:
-    """`python main.py merge --out DIR SOURCE...`: one dataset folder from several, as LeanAgent's Merge All builds it.
-
-    Recipes that train on many repositories at once (configs/retrieval_mathlib.yaml) read its output.
-    """
-    from leanagent.lifelong.merge import DEFAULT_SPLITS, merge_datasets
-
-    parser = ArgumentParser(prog="main.py merge", description=run_merge.__doc__.splitlines()[0])
-    parser.add_argument("sources", nargs="+", type=str, help="dataset folders (corpus.jsonl and split folders)")
-    parser.add_argument("--out", type=str, required=True, help="the merged dataset folder to write")
-    parser.add_argument("--split", type=list[str], default=list(DEFAULT_SPLITS), help="split folders to merge")
-    parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it exists")
-    args = parser.parse_args(argv)
-    stats = merge_datasets([Path(s) for s in args.sources], Path(args.out), args.split, overwrite=args.overwrite)
-    counts = ", ".join(f"{name} {parts}" for name, parts in stats.theorems.items())
-    print(f"merged {len(args.sources)} datasets into {args.out}: {stats.files} files, {stats.premises} premises; theorems: {counts}")
+COMMANDS: dict[str, Command] = {
+    "lifelong": Command(lifelong_parser, run_lifelong),
+    "ablation": Command(ablation_parser, run_ablation),
+    "curriculum": Command(curriculum_parser, run_curriculum),
+    "merge": Command(merge_parser, run_merge),
+}

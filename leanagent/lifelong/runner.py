@@ -92,13 +92,12 @@ def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list
 
 
 def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
-    """Where a stage's fit writes its checkpoints, relative to the stage's fit folder: the `dirpath` of the
-    ModelCheckpoint in the retrieval config (or, for a composed list, in the last config that lists
-    `trainer.callbacks`, since a later `--config` replaces the whole list). Read from the config, not
-    assumed, so that a stage of any recipe finds its fit's last and best checkpoints."""
+    """Where a stage's fit writes its checkpoints, relative to the stage's fit folder: the ModelCheckpoint's
+    `dirpath`, or with none `checkpoints/<logger name>` (see callbacks/checkpoints.py). A composed list is read
+    as repeated --config reads it: a later config replaces the callback list and overrides the logger name."""
     import yaml
 
-    callbacks, named = None, None
+    callbacks, logger, named = None, None, None
     for path in map(Path, config_list(retrieval_config)):
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
@@ -107,11 +106,17 @@ def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
         if isinstance(loaded, dict) and isinstance(loaded.get("fit"), dict):
             loaded = loaded["fit"]
         trainer = loaded.get("trainer") if isinstance(loaded, dict) else None
-        if isinstance(trainer, dict) and isinstance(trainer.get("callbacks"), list):
+        if not isinstance(trainer, dict):
+            continue
+        if isinstance(trainer.get("callbacks"), list):
             callbacks, named = trainer["callbacks"], path
+        name = ((trainer.get("logger") or {}).get("init_args") or {}).get("name") if isinstance(trainer.get("logger"), dict) else None
+        logger = name or logger
     for callback in callbacks or []:
         if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
             dirpath = (callback.get("init_args") or {}).get("dirpath")
+            if not dirpath and logger and str(callback["class_path"]).startswith("leanagent."):
+                return Path("checkpoints") / str(logger)
             if not dirpath:
                 break
             if Path(dirpath).is_absolute():
@@ -122,8 +127,8 @@ def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
             return Path(dirpath)
     where = named or ", ".join(config_list(retrieval_config))
     raise LeanAgentError(
-        f"retrieval_config: {where} names no ModelCheckpoint callback with a dirpath; lifelong stages need one "
-        "(e.g. leanagent.callbacks.checkpoints.ModelCheckpoint with dirpath: checkpoints/retrieval, save_last: true)"
+        f"retrieval_config: {where} names no ModelCheckpoint callback with a dirpath or a logger name; lifelong stages "
+        "need one (e.g. leanagent.callbacks.checkpoints.ModelCheckpoint with dirpath: checkpoints/retrieval, save_last: true)"
     )
 
 

@@ -45,27 +45,34 @@ def test_data_root_repositories_must_exist(tmp_path):
         resolve_repositories(Repositories(data_root=str(tmp_path), names=["missing"], bundled=None), tmp_path)
 
 
-@pytest.mark.parametrize("name", ["lifelong.yaml", "lifelong_mathlib.yaml"])
+LIFELONG_CONFIGS = {"lifelong.yaml": ["lifelong.yaml"], "lifelong_mathlib": ["lifelong.yaml", "recipes/lifelong_mathlib.yaml"]}
+
+
+def composed(names: list[str]) -> list[str]:
+    return [arg for name in names for arg in ("--config", str(REPO / "configs" / name))]
+
+
+@pytest.mark.parametrize("name", list(LIFELONG_CONFIGS))
 def test_lifelong_configs_parse(name):
-    settings = parse_lifelong(["--config", str(REPO / "configs" / name)])
+    settings = parse_lifelong(composed(LIFELONG_CONFIGS[name]))
     assert settings.order == "curriculum" and settings.construction == "single_repo"
     assert settings.epochs_per_repo == 1 and settings.ewc.enabled is False
     from leanagent.lifelong.runner import config_list
 
     for config in [*config_list(settings.retrieval_config), *config_list(settings.fisher_config)]:
         assert (REPO / config).is_file(), config
-    variant = parse_lifelong(["--config", str(REPO / "configs" / name), "--construction=merge_all", "--ewc.enabled=true"])
+    variant = parse_lifelong([*composed(LIFELONG_CONFIGS[name]), "--construction=merge_all", "--ewc.enabled=true"])
     assert variant.construction == "merge_all" and variant.ewc.enabled
     assert settings_fingerprint(variant) != settings_fingerprint(settings)
 
 
 def test_mathlib_config_names_the_shared_slices():
-    settings = parse_lifelong(["--config", str(REPO / "configs" / "lifelong_mathlib.yaml")])
+    settings = parse_lifelong(composed(LIFELONG_CONFIGS["lifelong_mathlib"]))
     assert settings.repositories.names == ["mathlib-logic", "mathlib-data-nat", "mathlib-data-list", "mathlib-data-set", "mathlib-group"]
 
 
 def test_mathlib_config_resolves_against_the_shared_slices():
-    settings = parse_lifelong(["--config", str(REPO / "configs" / "lifelong_mathlib.yaml")])
+    settings = parse_lifelong(composed(LIFELONG_CONFIGS["lifelong_mathlib"]))
     shared = shared_data("lifelong")
     repos = resolve_repositories(Repositories(data_root=str(shared), names=settings.repositories.names, bundled=None), REPO)
     assert list(repos) == settings.repositories.names
@@ -96,13 +103,13 @@ def _fit_checkpoint(path: Path, finished: bool, best: Path | None = None) -> Pat
 
 
 def test_a_stage_finds_its_checkpoints_where_the_retrieval_config_writes_them(tmp_path):
-    """configs/retrieval_mathlib.yaml writes checkpoints/retrieval_mathlib: a stage of that recipe must find its
-    fit's progress (to resume) and its last and best checkpoints (to hand over) there."""
+    """configs/recipes/mathlib.yaml names its logger retrieval_mathlib, so it writes checkpoints/retrieval_mathlib:
+    a stage of that recipe must find its fit's progress (to resume) and its last and best checkpoints there."""
     from leanagent.lifelong.runner import LifelongRun, LifelongSettings, checkpoint_folder
 
-    config = REPO / "configs" / "retrieval_mathlib.yaml"
+    config = [str(REPO / "configs" / "retrieval.yaml"), str(REPO / "configs" / "recipes" / "mathlib.yaml")]
     assert checkpoint_folder(config) == Path("checkpoints/retrieval_mathlib")
-    run = LifelongRun(LifelongSettings(output_dir=str(tmp_path / "out"), retrieval_config=str(config)))
+    run = LifelongRun(LifelongSettings(output_dir=str(tmp_path / "out"), retrieval_config=config))
     stage = tmp_path / "out" / "stages" / "00-a"
     folder = stage / "fit" / "checkpoints" / "retrieval_mathlib"
     _fit_checkpoint(folder / "last.ckpt", finished=False)
@@ -128,8 +135,8 @@ def test_a_retrieval_config_without_a_checkpoint_folder_is_refused(tmp_path):
 
 
 def test_a_composed_retrieval_config_takes_the_checkpoint_folder_of_its_last_callback_list(tmp_path):
-    """configs/lifelong_mathlib.yaml composes retrieval.yaml with an overlay: the overlay's callbacks, if it lists
-    any, replace the base's (as a later --config does), otherwise the base's stand."""
+    """configs/recipes/lifelong_mathlib.yaml composes retrieval.yaml with an overlay: the overlay's callbacks, if it
+    lists any, replace the base's (as a later --config does), otherwise the base's stand."""
     from leanagent.lifelong.runner import checkpoint_folder
 
     base = REPO / "configs" / "retrieval.yaml"

@@ -1,0 +1,69 @@
+"""Errors of the command line as one `error:` line: jsonargparse's parse errors, our own, replaced configs.
+
+jsonargparse reports a bad value as several lines (every subclass it tried, then the value); users get the
+config file, the key, why and the value. This module is the one place that reads jsonargparse's error text.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from leanagent.errors import LeanAgentError
+
+# Configs that overlays replaced: what to give instead (shown when the old path no longer exists).
+REPLACED_CONFIGS = {
+    "retrieval_mathlib.yaml": "--config configs/retrieval.yaml --config configs/recipes/mathlib.yaml",
+    "retrieval_byt5_small.yaml": "--config configs/retrieval.yaml --config configs/recipes/byt5_small.yaml",
+    "lifelong_mathlib.yaml": "--config configs/lifelong.yaml --config configs/recipes/lifelong_mathlib.yaml",
+}
+
+
+def config_paths(argv: list[str]) -> list[str]:
+    """The files given with --config/-c (both `--config F` and `--config=F`)."""
+    paths = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--config", "-c")]
+    return paths + [a.split("=", 1)[1] for a in argv if a.startswith(("--config=", "-c="))]
+
+
+def check_replaced_configs(argv: list[str]) -> None:
+    for path in config_paths(argv):
+        replacement = REPLACED_CONFIGS.get(Path(path).name)
+        if replacement and not Path(path).exists():
+            raise LeanAgentError(f"--config {path}: this config was replaced by overlays; give {replacement}")
+
+
+def summarize_parse_error(message: str, argv: list[str]) -> str:
+    """jsonargparse's many-line parse errors as one line: config file(s), the innermost key, why, the value."""
+    import yaml
+
+    configs = config_paths(argv)
+    if message.startswith("Problems parsing config"):
+        for path in configs:
+            try:
+                yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}" if mark is not None else path
+                return f"{where}: malformed YAML ({getattr(e, 'problem', None) or 'cannot parse'})"
+            except (OSError, UnicodeDecodeError) as e:
+                return f"{path}: cannot read the config ({e})"
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    reasons = [r.strip() for r in re.findall(r"^\s*- (.+)$", message, re.M) if "NoneType" not in r and "Problem with" not in r]
+    values = re.findall(r"Given value: (.+)$", message, re.M)
+    source = f"{', '.join(configs)}: " if configs else ""
+    if keys:
+        reason = reasons[-1] if reasons else "invalid value"
+        value = f" (got {values[0].strip()})" if values else ""
+        return f"{source}{'.'.join(keys)}: {reason}{value}"
+    return source + " ".join(line.strip() for line in message.splitlines() if line.strip())[:400]
+
+
+def user_error(error: BaseException | None) -> LeanAgentError | None:
+    """jsonargparse wraps exceptions raised while instantiating classes; find ours in the chain."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, LeanAgentError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
