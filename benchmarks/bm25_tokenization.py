@@ -10,7 +10,6 @@ where its name says otherwise. The metrics are leanagent.retrieval.metrics's, ov
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.arguments import add_optional_positional, benchmark_parser, value_or
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import load_tactic_states
 from leanagent.retrieval.metrics import retrieval_metrics
@@ -62,13 +62,14 @@ def evaluate(index: BM25Index, corpus: Corpus, states, k: int = 100, batch: int 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("datasets", nargs="*", type=Path, default=DEFAULT_DATASETS)
+    parser = benchmark_parser(__doc__)
+    add_optional_positional(parser, "datasets", "*", type=Path,
+                            help="dataset folders (default: " + " ".join(str(d) for d in DEFAULT_DATASETS) + ")")
     parser.add_argument("--split", default="val")
     parser.add_argument("--split-dir", default="random")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    for dataset in args.datasets:
+    for dataset in value_or(args, "datasets", DEFAULT_DATASETS):
         corpus = Corpus.from_jsonl(dataset / "corpus.jsonl")
         states = load_tactic_states(dataset / args.split_dir / f"{args.split}.json", corpus)
         print(f"\n{dataset.name} {args.split_dir}/{args.split}: {len(corpus):,} premises, {len(states):,} tactic states")

@@ -8,13 +8,13 @@ sampler loops in Python over every accessible premise of each example (about 9,0
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.arguments import add_optional_positional, benchmark_parser, value_or
 from leanagent.corpus.corpus import Corpus
 from leanagent.data.negatives import NegativeSampler
 from leanagent.corpus.tactics import load_tactic_states
@@ -50,5 +50,10 @@ def main(dataset: Path) -> None:
     timed("masked top-100 for 64 queries", lambda: scores.masked_fill(~mask, float("-inf")).topk(100, dim=1), repeat=5)
 
 
+DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "mathlib-order"
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared" / "data" / "mathlib-order")
+    parser = benchmark_parser(__doc__)
+    add_optional_positional(parser, "dataset", "?", type=Path, help=f"a dataset folder (default: {DEFAULT_DATASET})")
+    main(value_or(parser.parse_args(), "dataset", DEFAULT_DATASET))

@@ -14,12 +14,12 @@ It asserts nothing: timed tests would be flaky.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks.arguments import benchmark_parser
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.fisher import FisherInformation
 from leanagent.models.retriever import PremiseRetriever, batch_loss
@@ -37,7 +37,7 @@ def cpu_seconds(fn, rounds: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--data", type=Path, default=REPO / "data" / "batteries")
     parser.add_argument("--model", default="byt5-tiny")
     parser.add_argument("--batches", type=int, default=4)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.learner_curve --shapes byt5-tiny byt5-mini byt5-cpu --minutes 20 --steps-per-eval 50
 
-Why: the shipped retriever's shape (`byt5-cpu`) and recipe were to be chosen by what a CPU-hour buys. Each
+Why: the shipped retriever's shape and recipe were to be chosen by what a CPU-hour buys. Each
 shape trains one process on one thread with the recipe of configs/recipes/pretrain.yaml (InfoNCE, in-batch
 negatives over the batch, one BM25-mined hard negative, bf16 autocast) for `--minutes` of training time,
 validating every `--steps-per-eval` optimizer steps and at the end; the schedule spans `--epochs`. It prints one line per
@@ -12,13 +12,13 @@ Validation time (embedding the whole corpus) is not counted as training time. It
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
 
+from benchmarks.arguments import benchmark_parser
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.encoder import PRESETS
 from leanagent.models.retriever import PremiseRetriever
@@ -56,7 +56,7 @@ class Curve(pl.Callback):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__)
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LeanDojo Benchmark 4 dataset folder")
     p.add_argument("--split", default="random")
     p.add_argument("--shapes", nargs="+", default=["byt5-tiny", "byt5-mini", "byt5-cpu"], choices=sorted(PRESETS))

@@ -16,7 +16,6 @@ encoders, measured on a sample and extrapolated. Prints figures; it asserts noth
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import statistics
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from benchmarks.arguments import benchmark_parser
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import load_tactic_states
 from leanagent.retrieval.bm25 import masked_topk
@@ -192,7 +192,7 @@ def embedding_rates(models: list[str], sample: int, sizes: list[int], threads: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--queries", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--dim", type=int, default=1472)

@@ -20,13 +20,13 @@ length. Padding overhead = executed tokens / real tokens.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.arguments import benchmark_parser
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.data.samplers import EpochShuffledSampler
 from leanagent.distributed import local_cpu_count
@@ -143,7 +143,7 @@ def train_steps(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a dataset folder (corpus.jsonl, random/)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the shipped config gives each CPU rank 1)")
     parser.add_argument("--steps", type=int, default=24, help="timed batches for byt5-tiny and byt5-mini")

@@ -9,13 +9,13 @@ Prints one row per dataset and length, for premises in the form the encoder read
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
 
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import load_tactic_states
+from benchmarks.arguments import benchmark_parser
 from leanagent.models.tokenizer import ByteTokenizer
 
 
@@ -25,7 +25,7 @@ def token_lengths(texts: list[str]) -> np.ndarray:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = benchmark_parser(__doc__)
     p.add_argument("datasets", nargs="+", type=Path, help="dataset folders (corpus.jsonl and random/)")
     p.add_argument("--max-seq-len", type=int, nargs="+", default=[512])
     p.add_argument("--premise-text", choices=("serialized", "code"), default="serialized")

@@ -11,8 +11,8 @@ counted once per repository), and each theorem is
     hard    if complexity > p67, or if it has no proof (whatever the thresholds are).
 
 The boundaries are inclusive below, as in LeanAgent's code. A strict ``< p33`` would be
-degenerate: most benchmark theorems have one tactic (about 84% on the lifelong Mathlib
-slices), so p33 = p67 = e^1 and no theorem would be easy. A consequence worth knowing:
+degenerate: most benchmark theorems have one tactic (on the lifelong Mathlib slices
+as well), so p33 = p67 = e^1 and no theorem would be easy. A consequence worth knowing:
 on such data medium is empty and "easy" means "one tactic step".
 
 Percentiles use linear interpolation between order statistics (numpy's default method)

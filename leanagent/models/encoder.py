@@ -12,9 +12,9 @@ from leanagent.errors import LeanAgentError
 PRESETS: dict[str, dict[str, int]] = {
     "byt5-tiny": dict(d_model=64, d_kv=16, num_heads=4, d_ff=128, num_layers=2),
     # The shipped retriever's shape (leanagent/pretrained/): on Mathlib data it gave more dense Recall@10
-    # per CPU-minute than byt5-tiny and byt5-cpu (benchmarks/learner_curve.py, README).
+    # per CPU-minute than byt5-tiny and byt5-cpu (benchmarks/learner_curve.py, docs/measurements.md).
     "byt5-mini": dict(d_model=128, d_kv=32, num_heads=4, d_ff=256, num_layers=3),
-    # Wider and deeper, for a CPU with time to spare: about 3x byt5-mini's cost per training pair.
+    # Wider and deeper, for a CPU with time to spare: several times byt5-mini's cost per training pair.
     "byt5-cpu": dict(d_model=256, d_kv=64, num_heads=4, d_ff=768, num_layers=4),
 }
 BYT5_VOCAB_SIZE = 384

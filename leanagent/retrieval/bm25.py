@@ -7,8 +7,8 @@ The caller masks the dense [B, num_premises] result with `Corpus.accessible_mask
 retriever does, so BM25 never returns an inaccessible premise. Document frequencies are counted
 over the whole corpus (one index per corpus), not over each query's accessible subset.
 
-Building the index takes about a second per 10k premises (tokenizing dominates), so it is built
-once per process and corpus and kept in memory, not written to disk.
+Building the index means tokenizing every premise, which dominates its cost, so it is built once per
+process and corpus and kept in memory, not written to disk (build times: docs/measurements.md).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ TEXTS = ("code", "name", "both")
 
 @dataclass(frozen=True)
 class LeanTokenizer:
-    """How Lean text becomes BM25 terms. The defaults are the measured best (benchmarks/bm25_tokenization.py).
+    """How Lean text becomes BM25 terms. The defaults scored best or near best (benchmarks/bm25_tokenization.py, docs/measurements.md).
 
     Attributes:
         split: split words into pieces at dots, underscores and primes (`Nat.le_of_lt` -> nat, le, of, lt).

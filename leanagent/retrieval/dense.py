@@ -1,15 +1,15 @@
 """Dense search: query embeddings against the corpus embeddings, in the dtype evaluation runs in.
 
 Under `bf16-mixed`, autocast casts both operands of `queries @ corpus.T` to bf16 on every call, so
-a [40k, 1472] corpus was cast again for every batch (3-4x the cost of the bf16 search itself).
+the whole corpus would be cast again for every batch, a cost that grows with the corpus and can exceed
+the bf16 search itself.
 The retriever casts the corpus once to `search_dtype` and `dense_scores` multiplies in that dtype:
 the same rounding autocast applies, so the same scores, without the per-batch cast.
 
 bf16 keeps 8 bits of mantissa, so premises whose cosines differ by less than about one bf16 ulp
-tie or swap: with random 1472-d embeddings 5-15% of queries got a top 10 other than exact float32
-search's (benchmarks/search.py). `rescore_head` re-scores the first `EXACT_HEAD` candidates with the
-float32 embeddings and re-sorts them, which restored exact float32's top 10 on every query measured
-(3k, 40k and 100k premises) for 0.2-0.3 ms per query on a loaded 2-core CPU (10-25% of the bf16 search).
+tie or swap, and some queries' top 10 then differs from exact float32 search's. `rescore_head` re-scores the
+first `EXACT_HEAD` candidates with the float32 embeddings and re-sorts them: a small fixed cost that
+gives back exact float32's top 10 (benchmarks/search.py; figures in docs/measurements.md).
 """
 
 from __future__ import annotations

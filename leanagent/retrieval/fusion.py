@@ -74,7 +74,7 @@ def choose_weight(per_example: dict[float, torch.Tensor], alpha: float = GAIN_AL
     for the number of weights tried with Holm's procedure at family-wise level `alpha` (default: the level
     of z >= 2 for a single test): testing ten weights at z >= 2 each would let noise through far more
     often than one test does, and on a small validation split a gain of one or two examples is noise; a
-    weight chosen on noise falls below BM25 on test (measured in a lifelong run, README). Among qualifying
+    weight chosen on noise can fall below BM25 on test (a lifelong run did, docs/measurements.md). Among qualifying
     weights the best (Recall@k, MRR, Recall@1) wins, the smallest on ties.
     """
     if 0.0 not in per_example:
