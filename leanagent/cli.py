@@ -147,7 +147,7 @@ class LeanAgentCLI(LightningCLI):
 
 
     def after_fit(self) -> None:
-        """`test_after_fit`: adapting to a project is one command (configs/retrieval_project.yaml)."""
+        """`test_after_fit`: adapting to a project is one command (configs/recipes/project.yaml)."""
         if not self.config.fit.get("test_after_fit"):
             return
         callback = self.trainer.checkpoint_callback

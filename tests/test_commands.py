@@ -148,3 +148,41 @@ def test_ablation_takes_a_composed_base():
                                "--base=[configs/lifelong.yaml, configs/recipes/lifelong_mathlib.yaml]"])
     assert ablation.base == ["configs/lifelong.yaml", "configs/recipes/lifelong_mathlib.yaml"]
     assert set(COMMANDS) == {"lifelong", "ablation", "curriculum", "merge"}
+
+
+def readme_commands() -> list[list[str]]:
+    """Every `python main.py COMMAND --config ...` in the README, as its argument list."""
+    import re
+    import shlex
+
+    found = []
+    for line in re.findall(r"python main\.py ([a-z]+ [^`|#\n]*)", (REPO / "README.md").read_text(encoding="utf-8")):
+        args = shlex.split(line)
+        if "--config" in args:
+            found.append(args)
+    return found
+
+
+def test_the_readme_shows_the_composed_forms():
+    shown = {" ".join(a for a in args if a.startswith("configs/")) for args in readme_commands()}
+    for names in [*FIT_COMBINATIONS.values(), *LIFELONG_COMBINATIONS.values()]:
+        assert " ".join(f"configs/{n}" for n in names) in shown, names
+
+
+@pytest.mark.parametrize("args", readme_commands(), ids=lambda a: " ".join(a)[:80])
+def test_every_readme_command_line_parses(args, quiet_env, tmp_path, retriever_checkpoint, capsys):
+    """What the README tells users to type parses: each config combination with its own overrides."""
+    command, rest = args[0], [a.replace("PATH", str(tmp_path)).replace("PROJECT", "data/batteries") for a in args[1:]]
+    rest = [str(REPO / a) if a.startswith("configs/") else a for a in rest]
+    if command in ("fit", "validate", "test", "predict"):
+        rest = [a for a in rest if not a.startswith("--ckpt_path") and "checkpoints/" not in a]
+        extra = ["--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}", "--print_config"]
+        if "fisher.yaml" in " ".join(rest):
+            extra.append(f"--model.init_args.ckpt_path={retriever_checkpoint}")
+        code, out, err = run_main([command, *rest, *extra], capsys)
+        assert code == 0, err
+        assert yaml.safe_load(out)["trainer"]["strategy"]["class_path"].endswith("DDPStrategy")
+    else:
+        code, out, err = run_main([command, *rest, "--print_config"], capsys)
+        assert code == 0, err
+        assert yaml.safe_load(out)
