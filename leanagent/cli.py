@@ -32,7 +32,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
-from leanagent.watchdog import Watchdog
+from leanagent.faults.watchdog import Watchdog
 
 log = logging.getLogger("leanagent")
 
@@ -355,19 +355,20 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
 
 def _install_fault_handling() -> None:
     """Lost ranks are named (Lightning's child observer replaced); NCCL's flight recorder on where unset."""
-    from leanagent import watchdog
+    from leanagent.faults.flight_recorder import set_flight_recorder_env
+    from leanagent.faults.rank_observer import install_fault_handling
 
-    watchdog.install_fault_handling()
-    watchdog.set_flight_recorder_env()
+    install_fault_handling()
+    set_flight_recorder_env()
 
 
 def _exit_if_collective_failed(error: BaseException) -> None:
     """A rank whose collective failed because another rank died: one line, not a gloo traceback."""
-    from leanagent import watchdog
+    from leanagent.faults.collectives import collective_error, handle_collective_error
 
-    failed = watchdog.collective_error(error)
+    failed = collective_error(error)
     if failed is not None:
-        sys.exit(watchdog.handle_collective_error(failed))
+        sys.exit(handle_collective_error(failed))
 
 
 def _user_error(error: BaseException | None) -> LeanAgentError | None:

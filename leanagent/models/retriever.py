@@ -35,7 +35,7 @@ from leanagent.retrieval.fusion import (
     BASELINE_MODES,
     choose_weight,
 )
-from leanagent.watchdog import beat
+from leanagent.faults.watchdog import beat
 
 log = logging.getLogger("leanagent")
 
