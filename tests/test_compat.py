@@ -232,3 +232,27 @@ def test_add_subcommand_reaches_the_subcommands_lightning_cli_made(capsys):
     require("hello" in out and "says hello" in out and "fit" in out, private, "the main --help does not list it beside fit")
     with pytest.raises(ValueError, match="no subcommands"):
         compat.add_subcommand(ArgumentParser(), "x", ArgumentParser(), help="x")
+
+
+# Replaced by a public API; the replacement's assumption is checked here.
+def test_a_fit_without_an_optimizer_is_told_by_parameters_not_by_lightnings_stand_in(tmp_path):
+    """callbacks/preemption.py no longer imports `_MockOptimizer`: Lightning's stand-in for
+    `configure_optimizers() -> None` must hold none of the module's parameters."""
+    from pytorch_lightning.callbacks import Callback
+
+    from leanagent.callbacks.preemption import _has_optimizer
+
+    class NoOptimizer(TinyModule):
+        def configure_optimizers(self):
+            return None
+
+    seen: list[bool] = []
+
+    class Probe(Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen.append(_has_optimizer(trainer, pl_module))
+
+    for module in (TinyModule(), NoOptimizer()):
+        tiny_trainer(tmp_path, max_steps=1, callbacks=[Probe()]).fit(module)
+    require(seen == [True, False], "pytorch_lightning.core.optimizer._MockOptimizer",
+            f"an optimizer over the module's parameters / none told apart as {seen}, not [True, False]")
