@@ -36,7 +36,7 @@ from leanagent.io import ensure_writable
 from leanagent.lifelong.commands import COMMANDS
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
-from leanagent.watchdog import Watchdog
+from leanagent.faults.watchdog import Watchdog
 
 log = logging.getLogger("leanagent")
 
@@ -76,7 +76,7 @@ class LeanAgentCLI(LightningCLI):
         parser.add_lightning_class_args(ProgressiveTraining, "progressive")
         # SIGTERM/SIGINT: stop at the next optimizer step with a resumable last.ckpt (see callbacks/preemption.py).
         parser.add_lightning_class_args(PreemptionCheckpoint, "preemption")
-        # `--watchdog.stall_after` and `--watchdog.action` at top level: hang reports (leanagent/watchdog.py).
+        # `--watchdog.stall_after` and `--watchdog.action` at top level: hang reports (leanagent/faults/).
         parser.add_lightning_class_args(Watchdog, "watchdog")
         parser.add_argument(
             "--test_after_fit", type=bool, default=False,
@@ -337,16 +337,17 @@ def main(args: list[str] | None = None) -> None:
 
 def _install_fault_handling() -> None:
     """Lost ranks are named (Lightning's child observer replaced); NCCL's flight recorder on where unset."""
-    from leanagent import watchdog
+    from leanagent.faults.flight_recorder import set_flight_recorder_env
+    from leanagent.faults.rank_observer import install_fault_handling
 
-    watchdog.install_fault_handling()
-    watchdog.set_flight_recorder_env()
+    install_fault_handling()
+    set_flight_recorder_env()
 
 
 def _exit_if_collective_failed(error: BaseException) -> None:
     """A rank whose collective failed because another rank died: one line, not a gloo traceback."""
-    from leanagent import watchdog
+    from leanagent.faults.collectives import collective_error, handle_collective_error
 
-    failed = watchdog.collective_error(error)
+    failed = collective_error(error)
     if failed is not None:
-        sys.exit(watchdog.handle_collective_error(failed))
+        sys.exit(handle_collective_error(failed))

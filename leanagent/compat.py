@@ -1,20 +1,136 @@
-"""Private names of Lightning and jsonargparse that leanagent relies on, each in one place.
+"""Every private name of Lightning, lightning_fabric, torch and jsonargparse that leanagent relies on, in one place.
 
-tests/test_compat.py fails with the name of the private API when an upgrade changes one of them.
+Each function says what private thing it wraps and why no public API does the job. An upgrade that
+removes or changes one of them fails `tests/test_compat.py` with a message naming it, instead of a
+hang or a silent change of behaviour in a long run. docs/private_apis.md lists them with their users.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import subprocess
+from datetime import timedelta
+from typing import Any, Callable
+
+import pytorch_lightning as pl
+import torch
+
+# Lightning and lightning_fabric.
+
+
+def replace_child_process_observer(start: Callable[[list[subprocess.Popen]], None]) -> None:
+    """Make Lightning's launcher call `start(child_processes)` instead of starting its own observer.
+
+    Wraps `pytorch_lightning.strategies.launchers.subprocess_script._launch_process_observer`, which
+    `_SubprocessScriptLauncher.launch` calls right after spawning ranks 1..N-1. Lightning's observer
+    kills every rank (SIGKILL) the moment one child exits non-zero, without naming it, so the
+    survivors never say why they stop; no Trainer or strategy argument turns it off or replaces it.
+    Idempotent.
+    """
+    from pytorch_lightning.strategies.launchers import subprocess_script
+
+    current = subprocess_script._launch_process_observer
+    if getattr(current, "_leanagent_start", None) is start:
+        return
+
+    def _launch_process_observer(child_processes: list[subprocess.Popen]) -> None:
+        start(child_processes)
+
+    _launch_process_observer._leanagent_start = start  # type: ignore[attr-defined]
+    subprocess_script._launch_process_observer = _launch_process_observer
+
+
+def cluster_environment(trainer: pl.Trainer) -> Any:
+    """The cluster environment Lightning's signal handling decides on (SLURM auto-requeue or not).
+
+    Wraps `trainer._accelerator_connector.cluster_environment`. `trainer.strategy.cluster_environment`
+    is public but exists only on parallel strategies; Lightning's `_SignalConnector` reads this
+    attribute for every strategy (a single-GPU SLURM job too), and the preemption callback must take
+    the same decision as Lightning about who handles SIGTERM.
+    """
+    return trainer._accelerator_connector.cluster_environment
+
+
+def save_last_checkpoint(callback: Any, trainer: pl.Trainer) -> None:
+    """Write the checkpoint callback's `last` checkpoint now, as Lightning's ModelCheckpoint would.
+
+    Wraps `ModelCheckpoint._save_last_checkpoint(trainer, ModelCheckpoint._monitor_candidates(trainer))`.
+    That method alone knows the `last` file's name (its template, version counter and `save_last="link"`),
+    sets `last_model_path` before writing (it is part of the saved state) and removes the previous one;
+    ModelCheckpoint has no public "save last now", and `trainer.save_checkpoint` does none of that.
+    """
+    callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def record_checkpoint_saved(callback: Any, filepath: str) -> None:
+    """Tell Lightning's ModelCheckpoint that `filepath` is the file it just wrote.
+
+    Wraps `ModelCheckpoint._last_checkpoint_saved`. leanagent's ModelCheckpoint overrides the private
+    `_save_checkpoint` hook (the one place every best and last file is written) to write a temporary
+    name and rename it; Lightning's version records the temporary name, which `save_last="link"` and
+    `on_train_end` then read. No public attribute holds it.
+    """
+    callback._last_checkpoint_saved = filepath
+
+
+# torch.
+
+
+def flight_recorder_json() -> bytes:
+    """This process's flight recorder (its last collectives, all backends) as JSON bytes.
+
+    Wraps `torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False)`.
+    torch's public side of the flight recorder is NCCL's dump-on-timeout to files and the offline
+    `torch.distributed.flight_recorder` analyser; neither dumps a live gloo or NCCL recorder on demand.
+    """
+    from torch._C._distributed_c10d import _dump_fr_trace_json
+
+    return _dump_fr_trace_json(includeCollectives=True, onlyActive=False)
+
+
+def process_group_timeout(group: Any) -> timedelta | None:
+    """The timeout `group` was created with, read back from its CUDA or CPU backend; None if neither says.
+
+    Wraps `ProcessGroup._get_backend(device).options._timeout`. torch.distributed has no public getter
+    for a live group's timeout; the barriers log it so that a 364-day timeout is visible on every rank.
+    """
+    for device in ("cuda", "cpu"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (RuntimeError, AttributeError):
+            continue
+    return None
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """The counter every in-place change of `tensor` bumps (optimizer step, `load_state_dict`, `copy_`).
+
+    Wraps `Tensor._version` (autograd's version counter). No public attribute says that a tensor was
+    changed in place; hashing the weights instead would cost a pass over all of them per evaluation.
+    """
+    return tensor._version
+
+
+def set_last_lr(scheduler: torch.optim.lr_scheduler.LRScheduler, lrs: list[float]) -> None:
+    """Make `scheduler.get_last_lr()` return `lrs` after the learning rates were set by hand.
+
+    Wraps `LRScheduler._last_lr`, which only `step()` writes; a resumed fit that moves the schedule to
+    this run's learning rate must not report the checkpoint's until the next step.
+    """
+    scheduler._last_lr = list(lrs)
+
+
+# jsonargparse.
 
 
 def add_subcommand(parser: Any, name: str, subparser: Any, help: str) -> None:
-    """Add a subcommand to a parser whose subcommands LightningCLI already created.
+    """Add `name` (parsed by `subparser`) to the subcommands `parser` already has (LightningCLI's fit, validate, ...).
 
-    LightningCLI calls `parser.add_subcommands()` itself and keeps no public handle on the action it
-    returns, and jsonargparse allows that call once per parser; the action is `_subcommands_action`.
+    Wraps `parser._subcommands_action.add_subcommand(name, subparser, help=help)`. jsonargparse's
+    public `add_subcommands()` may be called once per parser and returns the action, but LightningCLI
+    creates it inside `_add_subcommands` and keeps no reference; the parser's private attribute is the
+    only way to reach it.
     """
     action = getattr(parser, "_subcommands_action", None)
     if action is None:
-        raise RuntimeError("jsonargparse: ArgumentParser._subcommands_action is gone; leanagent.compat.add_subcommand needs updating")
+        raise ValueError(f"{parser.prog!r} has no subcommands to add {name!r} to")
     action.add_subcommand(name, subparser, help=help)

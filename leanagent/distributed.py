@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from leanagent import compat
 from leanagent.errors import LeanAgentError
 
 log = logging.getLogger("leanagent")
@@ -90,10 +91,4 @@ def process_group_timeout() -> timedelta | None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    group = dist.group.WORLD
-    for device in ("cuda", "cpu"):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (RuntimeError, AttributeError):
-            continue
-    return None
+    return compat.process_group_timeout(dist.group.WORLD)

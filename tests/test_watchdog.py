@@ -1,8 +1,7 @@
-"""Hangs and lost ranks (leanagent/watchdog.py): unit tests, and real 2- and 4-rank gloo runs (slow)."""
+"""Hangs and lost ranks (leanagent/faults/): unit tests, and real 2- and 3-rank gloo runs (slow)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -15,10 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from leanagent import watchdog
+from leanagent.faults import collectives, flight_recorder, heartbeats, lost_ranks, rank_observer, stall_report
+from leanagent.faults.state import EXIT_STALLED, FaultState, state
+from leanagent.faults.watchdog import Watchdog, WatchThread
 from tests.conftest import REPO
 
 RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
+
+
+@pytest.fixture(autouse=True)
+def fresh_fault_state():
+    """Each test starts with no heartbeat, observer or end decided, as a new process would."""
+    saved = dict(vars(state))
+    vars(state).update(vars(FaultState()))
+    yield
+    vars(state).update(saved)
 
 
 # Unit tests.
@@ -31,22 +41,22 @@ def record(rank: int, phase: str, step, age: float, now: float, **extra) -> dict
 def test_stall_lines_name_the_most_idle_rank_first_in_the_grep_able_form():
     now = time.time()
     records = {0: record(0, "train step (backward)", "3 of epoch 0", 21, now), 1: record(1, "train step", "3 of epoch 0", 25, now)}
-    lines = watchdog.stall_lines(records, records, now)
+    lines = stall_report.stall_lines(records, records, now)
     assert lines == [
         "stalled: rank 1 (phase train step, step 3 of epoch 0) has made no progress for 0:00:25",
         "stalled: rank 0 (phase train step (backward), step 3 of epoch 0) has made no progress for 0:00:21",
     ]
     # With flight recorders, the rank behind in collectives comes first even if another one is idle longer.
-    assert watchdog.stall_lines(records, records, now, {0: 37, 1: 38})[0].startswith("stalled: rank 0")
-    text = watchdog.format_stall_report(records, {1: records[1]}, 20.0, 0, {0: "Thread 0x1 ...", 1: "not available: stopped"}, now)
+    assert stall_report.stall_lines(records, records, now, {0: 37, 1: 38})[0].startswith("stalled: rank 0")
+    text = stall_report.format_stall_report(records, {1: records[1]}, 20.0, 0, {0: "Thread 0x1 ...", 1: "not available: stopped"}, now)
     assert text.splitlines()[0].startswith("stalled: rank 1 (phase train step")
     assert "rank 2: no heartbeat here" in text and "--- Python stack of rank 1 ---" in text
 
 
 def test_heartbeat_files_are_written_atomically_and_read_back(tmp_path):
-    watchdog._write_json(tmp_path / "rank0.json", {"rank": 0, "phase": "x"})
+    heartbeats.write_json(tmp_path / "rank0.json", {"rank": 0, "phase": "x"})
     (tmp_path / "rank1.json").write_text("{not json")  # half-written by someone else: skipped
-    assert list(watchdog.read_heartbeats(tmp_path)) == [0]
+    assert list(heartbeats.read_heartbeats(tmp_path)) == [0]
     assert not list(tmp_path.glob(".*tmp"))
 
 
@@ -54,18 +64,18 @@ def test_process_state_and_lost_ranks(tmp_path):
     now = time.time()
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
-    watchdog._write_json(tmp_path / "rank0.json", record(0, "train step", 1, 0, now))
-    watchdog._write_json(tmp_path / "rank1.json", record(1, "validation", 2, 0, now, pid=child.pid))
-    watchdog._write_json(tmp_path / "rank2.json", record(2, "x", 2, 0, now, host="elsewhere"))
-    assert watchdog.process_state(record(0, "x", 1, 0, now)) == "running"
-    assert [r for r, _, _ in watchdog.lost_ranks(tmp_path)] == [1]
-    line = watchdog.lost_rank_line(1, watchdog.read_heartbeats(tmp_path)[1], "killed by SIGKILL")
+    heartbeats.write_json(tmp_path / "rank0.json", record(0, "train step", 1, 0, now))
+    heartbeats.write_json(tmp_path / "rank1.json", record(1, "validation", 2, 0, now, pid=child.pid))
+    heartbeats.write_json(tmp_path / "rank2.json", record(2, "x", 2, 0, now, host="elsewhere"))
+    assert heartbeats.process_state(record(0, "x", 1, 0, now)) == "running"
+    assert [r for r, _, _ in lost_ranks.lost_ranks(tmp_path)] == [1]
+    line = lost_ranks.lost_rank_line(1, heartbeats.read_heartbeats(tmp_path)[1], "killed by SIGKILL")
     assert line.startswith("error: rank 1 (pid ") and "phase validation, step 2" in line
 
 
 def test_the_lost_rank_is_named_once_per_folder(tmp_path, capsys):
-    assert watchdog.report_lost(tmp_path, 3, None, "killed by SIGKILL")
-    assert not watchdog.report_lost(tmp_path, 3, None, "killed by SIGKILL")
+    assert lost_ranks.report_lost(tmp_path, 3, None, "killed by SIGKILL")
+    assert not lost_ranks.report_lost(tmp_path, 3, None, "killed by SIGKILL")
     assert capsys.readouterr().err.count("error: rank 3") == 1
 
 
@@ -86,24 +96,72 @@ class _Exited:
 def test_ranks_that_stopped_on_sigterm_or_ctrl_c_are_not_called_lost(codes, monkeypatch, tmp_path, capsys):
     """Children that exit 128 + SIGTERM/SIGINT after rank 0 saved were preempted: no `lost` line, and the
     observer must not end rank 0 (exit 4) while it is still saving or exiting with its own code."""
-    monkeypatch.setattr(watchdog, "LOST_GRACE_S", 0.0)
-    monkeypatch.setattr(watchdog, "_last_folder", tmp_path)
+    monkeypatch.setattr(rank_observer, "LOST_GRACE_S", 0.0)
+    monkeypatch.setattr(state, "folder", tmp_path)
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
-    observer = watchdog._make_observer_class()(main_pid=os.getpid(), child_processes=[_Exited(c) for c in codes])
-    assert observer._run() is True  # nothing more to watch
+    observer = rank_observer.RankObserver([_Exited(c) for c in codes])
+    assert observer.check() is True  # nothing more to watch
     assert "lost" not in capsys.readouterr().err and not observer.named and exits == []
 
 
 def test_a_rank_killed_beside_preempted_ones_is_still_named(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(watchdog, "LOST_GRACE_S", 0.0)
-    monkeypatch.setattr(watchdog, "_last_folder", tmp_path)
+    monkeypatch.setattr(rank_observer, "LOST_GRACE_S", 0.0)
+    monkeypatch.setattr(state, "folder", tmp_path)
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
-    observer = watchdog._make_observer_class()(main_pid=os.getpid(), child_processes=[_Exited(143), _Exited(-9)])
-    assert observer._run() is True
+    observer = rank_observer.RankObserver([_Exited(143), _Exited(-9)])
+    assert observer.check() is True
     err = capsys.readouterr().err
     assert "error: rank 2 was lost: killed by SIGKILL" in err and "rank 1 " not in err and exits == [4]
+
+
+def stopped_child() -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    os.kill(child.pid, signal.SIGSTOP)
+    deadline = time.time() + 10
+    while heartbeats.process_state({"pid": child.pid, "host": socket.gethostname()}) != "stopped" and time.time() < deadline:
+        time.sleep(0.05)
+    return child
+
+
+def test_the_report_has_the_reporters_own_stack_and_says_why_a_stopped_rank_has_none(tmp_path):
+    now = time.time()
+    child = stopped_child()
+    try:
+        records = {0: record(0, "train step (backward)", "3 of epoch 0", 12, now, stack_file="stack-rank0.txt", stacks=True),
+                   1: record(1, "train step", "3 of epoch 0", 30, now, pid=child.pid, stack_file="stack-rank1.txt", stacks=True)}
+        stacks = stall_report.dump_stacks(tmp_path, records, me=0)
+    finally:
+        child.kill()
+        child.wait()
+    assert stacks[1].startswith("not available: the process is stopped (SIGSTOP/SIGTSTP) and cannot dump its stack")
+    assert "File " in stacks[0] and "dump_stacks" in stacks[0]  # this thread, caught inside the report
+
+
+@pytest.mark.parametrize("action", ["report", "abort"])
+def test_the_watch_thread_reports_a_stall_once_and_only_abort_ends_the_job(action, tmp_path, monkeypatch, capsys):
+    now = time.time()
+    logs = tmp_path / "version_0"
+    logs.mkdir()
+    heartbeats.write_json(tmp_path / "rank0.json", record(0, "train step (backward)", "3 of epoch 0", 0, now, log_dir=str(logs), stacks=False))
+    heartbeats.write_json(tmp_path / "rank1.json", record(1, "train step", "3 of epoch 0", 25, now, stacks=False))
+    exits: list[int] = []
+    killed: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(os, "kill", lambda pid, signum: killed.append(pid))
+    heartbeat = type("Heartbeat", (), {"folder": tmp_path, "rank": 0, "record": {"world_size": 2}, "mark": lambda self, s: None})()
+    thread = WatchThread(heartbeat, timedelta(seconds=20), action)
+    thread.check()
+    thread.check()  # the same episode: no second report
+    err = capsys.readouterr().err
+    assert err.count("stalled: rank 1 (phase train step, step 3 of epoch 0) has made no progress for 0:00:2") == 1
+    assert (logs / "stall-report.txt").read_text().startswith("stalled: rank 1 ")
+    if action == "abort":
+        assert exits == [EXIT_STALLED] and killed == [os.getpid()]  # rank 1's pid in the fake record
+        assert re.search(r"^error: watchdog: rank 1 made no progress for 0:00:2\d \(phase train step", err, re.M)
+    else:
+        assert exits == [] and killed == [] and "the job keeps waiting (watchdog.action=report)" in err
 
 
 def test_collective_errors_are_recognised_through_the_chain():
@@ -114,40 +172,55 @@ def test_collective_errors_are_recognised_through_the_chain():
         except RuntimeError as e:
             raise ValueError("wrapped") from e
     except ValueError as wrapped:
-        assert watchdog.collective_error(wrapped) is gloo
-    assert watchdog.collective_error(RuntimeError("shapes do not match")) is None
-    assert watchdog.one_line(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
+        assert collectives.collective_error(wrapped) is gloo
+    assert collectives.collective_error(RuntimeError("shapes do not match")) is None
+    assert collectives.one_line(gloo) == "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
     reset = RuntimeError("[/__w/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:9871: Connection reset by peer. This is typically caused by a remote worker hanging")
-    assert watchdog.one_line(reset) == "RuntimeError: Read error [127.0.0.1]:9871: Connection reset by peer"
+    assert collectives.one_line(reset) == "RuntimeError: Read error [127.0.0.1]:9871: Connection reset by peer"
 
 
 def test_watchdog_settings_are_validated():
     from leanagent.errors import LeanAgentError
 
-    assert watchdog.Watchdog(stall_after=timedelta(seconds=20), action="abort").stall_after == timedelta(seconds=20)
+    assert Watchdog(stall_after=timedelta(seconds=20), action="abort").stall_after == timedelta(seconds=20)
     with pytest.raises(LeanAgentError, match="stall_after"):
-        watchdog.Watchdog(stall_after=timedelta(0))
+        Watchdog(stall_after=timedelta(0))
     with pytest.raises(LeanAgentError, match="action"):
-        watchdog.Watchdog(action="explode")
+        Watchdog(action="explode")
 
 
-def test_cli_has_top_level_watchdog_flags_and_a_loadable_config(tmp_path):
-    from tests.conftest import run_cli
+def print_config(args: list[str], capsys) -> str:
+    """`main.py ... --print_config` in this process: parsing only, no process to start."""
+    from leanagent.cli import main
 
-    result = run_cli(["fit", "--config", RETRIEVAL, "--watchdog.stall_after=0:00:20", "--watchdog.action=abort", "--print_config"], cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert re.search(r"watchdog:\n  stall_after: 0:00:20\n  action: abort", result.stdout)
-    config = tmp_path / "config.yaml"
-    config.write_text(result.stdout)
-    again = run_cli(["fit", "--config", str(config), "--print_config"], cwd=tmp_path)
-    assert again.returncode == 0 and "stall_after: 0:00:20" in again.stdout
+    with pytest.raises(SystemExit) as done:
+        main(args)
+    assert done.value.code in (None, 0), capsys.readouterr().err[-2000:]
+    return capsys.readouterr().out
+
+
+def test_cli_has_top_level_watchdog_flags_and_a_loadable_config(tmp_path, monkeypatch, capsys):
+    from pytorch_lightning.strategies.launchers import subprocess_script
+
+    # main() installs the fault handling for this process; undo it for the tests that follow.
+    monkeypatch.setattr(subprocess_script, "_launch_process_observer", subprocess_script._launch_process_observer)
+    environment = dict(os.environ)
+    try:
+        printed = print_config(["fit", "--config", RETRIEVAL, "--watchdog.stall_after=0:00:20", "--watchdog.action=abort", "--print_config"], capsys)
+        assert re.search(r"watchdog:\n  stall_after: 0:00:20\n  action: abort", printed), printed[-2000:]
+        config = tmp_path / "config.yaml"
+        config.write_text(printed)
+        assert "stall_after: 0:00:20" in print_config(["fit", "--config", str(config), "--print_config"], capsys)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
 
 
 def test_flight_recorder_env_is_set_only_where_unset(monkeypatch):
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
-    changed = watchdog.set_flight_recorder_env()
+    changed = flight_recorder.set_flight_recorder_env()
     assert changed == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
     assert "TORCH_FR_BUFFER_SIZE" not in os.environ
 
@@ -167,7 +240,8 @@ def fit_args(dataset: Path, devices: int, *extra: str) -> list[str]:
         "fit", "--config", RETRIEVAL, "--trainer.accelerator=cpu", f"--trainer.devices={devices}",
         "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false", "--trainer.precision=32-true",
         f"--data.data_path={dataset / 'random'}", f"--data.corpus_path={dataset / 'corpus.jsonl'}",
-        "--data.max_seq_len=64", "--data.batch_size=2", "--trainer.accumulate_grad_batches=1", *extra,
+        "--data.max_seq_len=64", "--data.batch_size=2", "--data.num_hard_negatives=0",  # no BM25 pools to build
+        "--trainer.accumulate_grad_batches=1", *extra,
     ]
 
 
@@ -183,7 +257,7 @@ def wait_for(predicate, timeout: float, what: str):
 
 def rank_in_phase(folder: Path, rank: int, prefix: str):
     def check():
-        record = watchdog.read_heartbeats(folder).get(rank) if folder.is_dir() else None
+        record = heartbeats.read_heartbeats(folder).get(rank) if folder.is_dir() else None
         return record if record and str(record.get("phase", "")).startswith(prefix) else None
 
     return check
@@ -217,51 +291,45 @@ def kill_group(proc: subprocess.Popen, marker: str) -> None:
             pass
 
 
+STALL_AFTER_S = 10  # above the slowest phase without progress before the stall (data loading on a busy machine)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("action", ["report", "abort"])
-def test_a_stopped_rank_is_reported_with_its_phase(action, mini_dataset, tmp_path):
-    """Rank 1 is SIGSTOPped inside training; with stall_after=20s the report names it (and abort ends the job)."""
+def test_a_rank_asleep_in_a_step_is_reported_with_every_ranks_stack_and_abort_ends_the_job(mini_dataset, tmp_path):
+    """Rank 1 sleeps inside a train step (rank 0 then waits in backward's all-reduce): the report names rank 1
+    first with its phase and both ranks' stacks, lands in stall-report.txt, and action=abort ends the job."""
     beats = tmp_path / "beats"
     log = tmp_path / "log.txt"
-    proc = launch(fit_args(mini_dataset, 2, "--watchdog.stall_after=0:00:20", f"--watchdog.action={action}", "--progressive.epochs_per_repo=20"),
-                  tmp_path, log, {"LEANAGENT_HEARTBEAT_DIR": str(beats)})
+    env = {"LEANAGENT_HEARTBEAT_DIR": str(beats), "LEANAGENT_TEST_SLEEP_RANK": "1"}
+    args = fit_args(mini_dataset, 2, f"--watchdog.stall_after=0:00:{STALL_AFTER_S:02d}", "--watchdog.action=abort",
+                    "--trainer.callbacks+=tests.helpers.SleepInStep")
+    proc = launch(args, tmp_path, log, env)
     try:
-        target = wait_for(rank_in_phase(beats, 1, "train step"), 120, "rank 1 in a train step")
-        os.kill(target["pid"], signal.SIGSTOP)
-        stopped = time.time()
-        wait_for(lambda: "stalled: rank 1" in log.read_text(), 20 + 30, "the stall report")
-        reported = time.time() - stopped
+        code = proc.wait(timeout=240)
         text = log.read_text()
-        lines = text.splitlines()
-        start = next(i for i, line in enumerate(lines) if line.startswith("stalled:"))
-        stalled = [line for line in lines[start:] if line.startswith("stalled:")]
-        # Rank 0 waits in a collective for the stopped rank, so it may be stalled too, and the heuristic
-        # may list it first; the report's first line has the grep-able form and rank 1 is named with its phase.
-        assert re.match(r"stalled: rank \d \(phase [^,]+, step \d+ of epoch \d+\) has made no progress for 0:00:\d\d", stalled[0]), stalled
-        assert any(re.match(r"stalled: rank 1 \(phase train step[^,]*, step \d+ of epoch \d+\) has made no progress for 0:00:2\d", s) for s in stalled), stalled
-        assert "the process is stopped (SIGSTOP/SIGTSTP) and cannot dump its stack" in text
-        assert "--- Python stack of rank 0 ---" in text and "File " in text  # rank 0's own stack (the watchdog thread, main thread)
-        report = next((tmp_path / "lightning_logs" / "retrieval").glob("version_*/stall-report.txt"))
-        assert report.read_text().startswith("stalled: rank ") and "stalled: rank 1 (phase train step" in report.read_text()
-        if action == "abort":
-            code = proc.wait(timeout=60)
-            assert code == watchdog.EXIT_STALLED
-            assert time.time() - stopped < 20 + 60
-            assert re.search(r"^error: watchdog: rank \d made no progress for 0:00:2\d \(phase ", log.read_text(), re.M)
-            wait_for(lambda: not processes_with(str(tmp_path)), 10, "no rank left behind")
-        else:
-            time.sleep(3)
-            assert proc.poll() is None  # report only: the job keeps waiting
-        print(f"{action}: report {reported:.1f}s after SIGSTOP")
+        assert code == EXIT_STALLED, text[-4000:]
+        first = next(line for line in text.splitlines() if line.startswith("stalled:"))
+        assert re.match(rf"stalled: rank 1 \(phase train step, step 2 of epoch 0\) has made no progress for 0:00:{STALL_AFTER_S // 10}\d", first), first
+        report = text[text.index(first):]
+        rank1_stack = report.split("--- Python stack of rank 1 ---")[1]
+        assert "in on_before_backward" in rank1_stack and "helpers.py" in rank1_stack  # dumped by rank 1 on SIGUSR2
+        assert re.search(r"--- Python stack of rank 0 ---\n.*File ", report, re.S)  # the reporter's own stack
+        saved = next((tmp_path / "lightning_logs" / "retrieval").glob("version_*/stall-report.txt")).read_text()
+        assert saved.startswith("stalled: rank 1 (phase train step")
+        assert re.search(rf"^error: watchdog: rank \d made no progress for 0:00:{STALL_AFTER_S // 10}\d \(phase ", text, re.M)
+        wait_for(lambda: not processes_with(str(tmp_path)), 10, "no rank left behind")
     finally:
         kill_group(proc, str(tmp_path))
         if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
-            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / f"{action}.log").write_text(log.read_text())
+            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / "sleep.log").write_text(log.read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("devices,victim", [(2, 1), (4, 2), (2, 0), (4, 0)])
-def test_a_killed_rank_ends_the_job_with_one_line_that_names_it(devices, victim, mini_dataset, tmp_path):
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_rank_ends_the_job_with_one_line_that_names_it(victim, mini_dataset, tmp_path):
+    """Three ranks: two survivors that could each name the victim, so the one line is agreed, not luck.
+    Rank 1 is named by rank 0's observer of the ranks it spawned; rank 0 (the launcher) by a survivor."""
+    devices = 3
     beats = tmp_path / "beats"
     log = tmp_path / "log.txt"
     proc = launch(fit_args(mini_dataset, devices, "--progressive.epochs_per_repo=20"), tmp_path, log, {"LEANAGENT_HEARTBEAT_DIR": str(beats)})
@@ -297,7 +365,7 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_torchrun_nodes_on_localhost(mini_dataset, tmp_path):
+def test_two_torchrun_nodes_on_localhost(toy_dataset, tmp_path):
     """`torchrun --nnodes=2 --node_rank={0,1}` as the README's multi-node launch, both "nodes" on this machine."""
     port = free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` console script runs this module
@@ -307,7 +375,7 @@ def test_two_torchrun_nodes_on_localhost(mini_dataset, tmp_path):
             logs.append(tmp_path / f"node{node}.txt")
             launcher = [*torchrun, "--nnodes=2", "--nproc_per_node=1", f"--node_rank={node}", "--rdzv_backend=c10d",
                         f"--rdzv_endpoint=127.0.0.1:{port}", str(REPO / "main.py")]
-            args = fit_args(mini_dataset, 1, "--trainer.num_nodes=2", "--progressive.epochs_per_repo=1", "--data.batch_size=4")
+            args = fit_args(toy_dataset, 1, "--trainer.num_nodes=2", "--progressive.epochs_per_repo=1", "--data.batch_size=4")
             procs.append(launch(args, tmp_path, logs[-1], argv0=launcher))
         codes = [proc.wait(timeout=300) for proc in procs]
         text = "\n".join(log.read_text() for log in logs)
@@ -320,7 +388,7 @@ def test_two_torchrun_nodes_on_localhost(mini_dataset, tmp_path):
         assert seen, text[-4000:]
         folder = tmp_path / seen.group(1)
         assert folder.name.startswith("torchrun-") and folder.parent == tmp_path / "lightning_logs" / "retrieval" / "heartbeats"
-        records = watchdog.read_heartbeats(folder)
+        records = heartbeats.read_heartbeats(folder)
         assert sorted(records) == [0, 1] and {r["state"] for r in records.values()} == {"finished"}
         assert [records[r]["node_rank"] for r in (0, 1)] == [0, 1]
         checkpoints = tmp_path / "checkpoints" / "retrieval"
@@ -329,29 +397,6 @@ def test_two_torchrun_nodes_on_localhost(mini_dataset, tmp_path):
     finally:
         for proc in procs:
             kill_group(proc, str(tmp_path))
-
-
-@pytest.mark.slow
-def test_a_rank_asleep_in_a_step_is_reported_with_every_ranks_stack(mini_dataset, tmp_path):
-    """Rank 1 sleeps inside a train step (rank 0 then waits in backward's all-reduce); the report names rank 1 first."""
-    beats = tmp_path / "beats"
-    log = tmp_path / "log.txt"
-    env = {"LEANAGENT_HEARTBEAT_DIR": str(beats), "LEANAGENT_TEST_SLEEP_RANK": "1"}
-    proc = launch(fit_args(mini_dataset, 2, "--watchdog.stall_after=0:00:20", "--trainer.callbacks+=tests.helpers.SleepInStep"), tmp_path, log, env)
-    try:
-        wait_for(lambda: "stalled: rank 1" in log.read_text(), 150, "the stall report")
-        text = log.read_text()
-        first = next(line for line in text.splitlines() if line.startswith("stalled:"))
-        assert re.match(r"stalled: rank 1 \(phase train step, step 2 of epoch 0\) has made no progress for 0:00:2\d", first), first
-        report = text[text.index(first):]
-        rank1_stack = report.split("--- Python stack of rank 1 ---")[1]
-        assert "in on_before_backward" in rank1_stack and "helpers.py" in rank1_stack  # dumped by rank 1 on SIGUSR2
-        assert "--- Python stack of rank 0 ---" in report
-        assert proc.poll() is None
-    finally:
-        kill_group(proc, str(tmp_path))
-        if os.environ.get("LEANAGENT_KEEP_TEST_LOGS"):
-            (Path(os.environ["LEANAGENT_KEEP_TEST_LOGS"]) / "sleep.log").write_text(log.read_text())
 
 
 def test_a_signal_handler_passes_nothing_on_to_the_other_ranks(monkeypatch):
@@ -383,6 +428,7 @@ def test_a_lifelong_stage_runs_in_its_own_process_group_and_leaves_the_advice_to
     _run([sys.executable, "-c", check], tmp_path, "stage 0 check")  # raises if the stage exited 7
 
 
+@pytest.mark.slow
 def test_a_lifelong_stage_dies_with_its_runner(tmp_path):
     """In its own process group a stage no longer dies of a `kill -9` to the runner's group: it must still
     die when the runner does, not train on as an orphan beside the rerun."""
@@ -400,6 +446,6 @@ def test_a_lifelong_stage_dies_with_its_runner(tmp_path):
     os.killpg(runner.pid, signal.SIGKILL)  # the runner's group: no longer the stage's
     runner.wait()
     deadline = time.time() + 10
-    while time.time() < deadline and watchdog.process_state({"pid": stage, "host": socket.gethostname()}) == "running":
+    while time.time() < deadline and heartbeats.process_state({"pid": stage, "host": socket.gethostname()}) == "running":
         time.sleep(0.1)
-    assert watchdog.process_state({"pid": stage, "host": socket.gethostname()}) in ("gone", "zombie")
+    assert heartbeats.process_state({"pid": stage, "host": socket.gethostname()}) in ("gone", "zombie")

@@ -9,7 +9,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Callback
 
 from leanagent.distributed import process_group_timeout
-from leanagent.watchdog import beat
+from leanagent.faults.watchdog import beat
 
 log = logging.getLogger("leanagent")
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
 from fsspec.implementations.local import LocalFileSystem
+from lightning_fabric.utilities.cloud_io import get_filesystem
 from pytorch_lightning.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
+from leanagent import compat
 from leanagent.errors import LeanAgentError
 
 log = logging.getLogger("leanagent")
@@ -29,13 +32,13 @@ log = logging.getLogger("leanagent")
 class ModelCheckpoint(LightningModelCheckpoint):
     """Drop-in for `pytorch_lightning.callbacks.ModelCheckpoint` (same arguments)."""
 
-    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath: str) -> None:
-        """Lightning's "Checkpoint directory ... exists and is not empty" says nothing about what happens."""
-
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None and trainer.loggers and trainer.loggers[0].name:
             self.dirpath = default_dirpath(str(trainer.loggers[0].name), trainer.default_root_dir)
-        super().setup(trainer, pl_module, stage)
+        with warnings.catch_warnings():
+            # Lightning's "Checkpoint directory ... exists and is not empty" says nothing about what happens; we do, below.
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+            super().setup(trainer, pl_module, stage)
         if stage != "fit" or not trainer.is_global_zero or not self.dirpath or not os.path.isdir(self.dirpath):
             return
         earlier = sorted(p.name for p in Path(self.dirpath).glob("*.ckpt"))
@@ -49,26 +52,27 @@ class ModelCheckpoint(LightningModelCheckpoint):
             )
 
     def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        """Lightning's private hook for every file it writes (best, last); see docs/private_apis.md."""
         bad = [n for n, p in trainer.lightning_module.named_parameters() if not torch.isfinite(p).all()]
         if bad:  # every rank holds the same weights under DDP, so every rank refuses together
             raise LeanAgentError(
                 f"refusing to write {filepath}: the weights hold NaN or infinite values ({bad[0]}, ...) "
                 f"at global step {trainer.global_step}; the previous checkpoint is left as it was"
             )
-        if not isinstance(self._fs, LocalFileSystem):
+        if not isinstance(get_filesystem(filepath), LocalFileSystem):
             return super()._save_checkpoint(trainer, filepath)
         target = Path(filepath)
         tmp = str(target.with_name(f".{target.name}.tmp"))  # the same name on every rank; rank 0 writes it
         super()._save_checkpoint(trainer, tmp)
         if trainer.is_global_zero:
             os.replace(tmp, target)
-        self._last_checkpoint_saved = str(target)
+        compat.record_checkpoint_saved(self, str(target))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         # Even if a best checkpoint was just saved at this step: last.ckpt must be this epoch's end.
         if self.save_last and not (trainer.fast_dev_run or trainer.sanity_checking):
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            compat.save_last_checkpoint(self, trainer)
 
 
 def default_dirpath(logger_name: str, root: str | os.PathLike | None = None) -> str:

@@ -9,6 +9,9 @@ line saying how to resume and exit code 128 + signal. A second Ctrl-C stops at o
 
 Under SLURM with Lightning's auto-requeue (its `SLURMEnvironment`), Lightning's own handlers are
 kept: it saves an `hpc_ckpt_*.ckpt` on the requeue signal and restores it when the job restarts.
+Otherwise this callback's handlers replace Lightning's SIGTERM handler for the fit: that one forwards
+the signal to the ranks it spawned and runs a broadcast inside the handler (a collective that can
+deadlock against a rank inside its own), does nothing about SIGINT and writes no checkpoint.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.callbacks import Callback
-from pytorch_lightning.core.optimizer import _MockOptimizer
 
+from leanagent import compat
 from leanagent.errors import LeanAgentError
 
 log = logging.getLogger("leanagent")
@@ -74,7 +77,7 @@ class PreemptionCheckpoint(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # After Lightning has registered its own SIGTERM handler (which runs a collective inside the handler).
-        environment = trainer._accelerator_connector.cluster_environment
+        environment = compat.cluster_environment(trainer)
         if isinstance(environment, SLURMEnvironment) and environment.auto_requeue:
             log.info("SLURM auto-requeue is on: Lightning's own signal handling saves and requeues")
             return
@@ -113,7 +116,7 @@ class PreemptionCheckpoint(Callback):
         signum = self._agreed_signal(trainer)
         if not signum:
             return
-        if all(isinstance(o, _MockOptimizer) for o in trainer.optimizers):
+        if not _has_optimizer(trainer, pl_module):
             # No optimizer (configure_optimizers gave none): nothing a resumed fit could continue; write no checkpoint.
             raise Preempted(signum, None, trainer.current_epoch, trainer.global_step, resumable=False)
         raise Preempted(signum, self._save(trainer), trainer.current_epoch, trainer.global_step)
@@ -123,7 +126,7 @@ class PreemptionCheckpoint(Callback):
         """last.ckpt through the checkpoint callback (atomic with ours), else a file beside the logs."""
         callback = trainer.checkpoint_callback
         if callback is not None and callback.save_last and callback.dirpath:
-            callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+            compat.save_last_checkpoint(callback, trainer)
             return callback.last_model_path
         path = os.path.join(trainer.default_root_dir, "preempted.ckpt")
         tmp = path + ".tmp"
@@ -131,3 +134,9 @@ class PreemptionCheckpoint(Callback):
         if trainer.is_global_zero:
             os.replace(tmp, path)
         return path
+
+
+def _has_optimizer(trainer: pl.Trainer, pl_module: pl.LightningModule) -> bool:
+    """False when `configure_optimizers` gave none: Lightning then holds a stand-in over a tensor of its own."""
+    own = {id(p) for p in pl_module.parameters()}
+    return any(id(p) in own for optimizer in trainer.optimizers for group in optimizer.param_groups for p in group["params"])

@@ -31,7 +31,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.ewc.fisher_file import save_fisher
 from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss, stack_padded
-from leanagent.watchdog import beat
+from leanagent.faults.watchdog import beat
 
 log = logging.getLogger("leanagent")
 

@@ -35,7 +35,7 @@ from leanagent.retrieval.fusion import (
     BASELINE_MODES,
     choose_weight,
 )
-from leanagent.watchdog import beat
+from leanagent.faults.watchdog import beat
 
 log = logging.getLogger("leanagent")
 
@@ -361,7 +361,7 @@ class PremiseRetriever(pl.LightningModule):
     @torch.no_grad()
     def embed_corpus(self) -> torch.Tensor:
         """Each rank embeds every W-th premise; one all_gather assembles the [num_premises, dim] matrix."""
-        beat("corpus embedding")  # each forward below counts as progress (leanagent/watchdog.py)
+        beat("corpus embedding")  # each forward below counts as progress (leanagent/faults/)
         datamodule = self.trainer.datamodule
         num_premises = len(datamodule.corpus)
         world, rank = self.trainer.world_size, self.trainer.global_rank

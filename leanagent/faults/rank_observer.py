@@ -1,0 +1,97 @@
+"""Rank 0's watch over the ranks Lightning's launcher spawned: a rank that exits early is named, survivors get time to say why they stop.
+
+Lightning's own observer kills every rank at once, without naming the one that ended, so the
+survivors never print their line; `install_fault_handling` puts `RankObserver` in its place
+(through `leanagent.compat`, the only way in).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+from leanagent import compat
+from leanagent.faults.heartbeats import print_line, read_heartbeats
+from leanagent.faults.lost_ranks import report_lost
+from leanagent.faults.state import EXIT_RANK_LOST, EXIT_STALLED, PREEMPTED_CODES, state
+
+OBSERVE_S = 1.0  # how often the children are polled
+LOST_GRACE_S = 10.0  # after a lost rank, how long survivors get to exit on their own before being killed
+
+
+class RankObserver(threading.Thread):
+    """Polls the spawned ranks; a child that exits non-zero is named, survivors get time to print one line."""
+
+    def __init__(self, child_processes: list[subprocess.Popen]) -> None:
+        super().__init__(daemon=True, name="leanagent-rank-observer")  # dies with rank 0
+        self.child_processes = child_processes
+        self.named = False
+        self.reason = "another rank ended early"
+
+    def run(self) -> None:
+        while True:
+            time.sleep(OBSERVE_S)
+            if self.check():
+                return
+
+    def check(self) -> bool:
+        """One look at the children; True when there is nothing more to watch."""
+        for proc in self.child_processes:
+            proc.poll()
+        codes = [proc.returncode for proc in self.child_processes]
+        if all(code == 0 or code in PREEMPTED_CODES for code in codes):
+            # Every child finished, or stopped on a signal after rank 0's checkpoint (exit 128 + signal,
+            # callbacks/preemption.py): rank 0 ends the same way on its own and says so itself.
+            return True
+        failed = [(i + 1, p) for i, p in enumerate(self.child_processes) if p.returncode and p.returncode not in PREEMPTED_CODES]
+        if not failed:
+            return False
+        self.reason = f"rank {self._global_rank(failed[0][0])} ended early"
+        if not state.aborting.is_set():
+            state.ending.set()
+            folder = state.folder
+            records = read_heartbeats(folder) if folder is not None and folder.is_dir() else {}
+            for local_rank, proc in failed:
+                rank = self._global_rank(local_rank)
+                code = proc.returncode
+                how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+                if code not in (2, EXIT_STALLED, EXIT_RANK_LOST):  # those print their own error line
+                    report_lost(folder, rank, records.get(rank), how)
+                    self.named = True
+        self._end_job()
+        return True
+
+    def _global_rank(self, local_rank: int) -> int:
+        procs_per_node = len(self.child_processes) + 1
+        return int(os.environ.get("NODE_RANK", "0") or 0) * procs_per_node + local_rank
+
+    def _end_job(self) -> None:
+        # Survivors usually fail in their next collective within a second and print one line each;
+        # a rank blocked for good (NCCL, a hung step) is killed after the grace period.
+        stop_children(self.child_processes, LOST_GRACE_S)
+        time.sleep(LOST_GRACE_S / 2)  # the main thread normally exits (EXIT_RANK_LOST) before this
+        print_line(f"error (rank 0): stopped because {self.reason}")
+        os._exit(EXIT_RANK_LOST)
+
+
+def stop_children(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """Let the spawned ranks exit on their own for `grace_s`, then kill the rest."""
+    deadline = time.time() + grace_s
+    while time.time() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+
+
+def _start_observer(child_processes: list[subprocess.Popen]) -> None:
+    state.observer = RankObserver(child_processes)
+    state.observer.start()
+
+
+def install_fault_handling() -> None:
+    """Watch Lightning's spawned ranks with `RankObserver` instead of Lightning's observer. Idempotent; call before fit."""
+    compat.replace_child_process_observer(_start_observer)
