@@ -22,7 +22,7 @@ import pytorch_lightning as pl
 
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
-from leanagent.models.fisher import load_retriever
+from leanagent.models.loading import load_retriever
 from leanagent.retrieval.fusion import RETRIEVAL_MODES
 
 REPO = Path(__file__).resolve().parents[1]

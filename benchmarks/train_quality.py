@@ -24,7 +24,8 @@ import pytorch_lightning as pl
 import torch
 
 from leanagent.data.datamodule import RetrievalDataModule
-from leanagent.models.retriever import LOSSES, PremiseRetriever
+from leanagent.models.losses import LOSSES
+from leanagent.models.retriever import PremiseRetriever
 
 METRICS = ("Recall@1_val", "Recall@10_val", "MRR_val")
 MODES = ("dense", "bm25", "hybrid")

@@ -1,14 +1,19 @@
-"""Test-only callbacks, loaded by real-process tests with `--trainer.callbacks+=tests.helpers.<Name>`."""
+"""Test-only helpers: callbacks loaded by real-process tests with `--trainer.callbacks+=tests.helpers.<Name>`,
+and functions the tests share that the package itself does not need."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
+
+if TYPE_CHECKING:
+    from leanagent.models.fisher import FisherInformation
 
 
 class SleepInStep(Callback):
@@ -47,3 +52,10 @@ class Dropout(Callback):
                 module.p = self.p
             if hasattr(module, "dropout") and isinstance(module.dropout, float):  # T5Attention's functional dropout
                 module.dropout = self.p
+
+
+def per_example_grads(fisher: "FisherInformation", batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """[B, *shape] gradients of each pair's own loss, in batch order (what the Fisher squares and sums)."""
+    names = [name for name, _ in fisher.retriever.encoder.named_parameters()]
+    grads = [fisher.example_grad(batch, i) for i in range(len(batch["index"]))]
+    return {name: torch.stack([g[j] for g in grads]) for j, name in enumerate(names)}

@@ -13,7 +13,7 @@ import torch
 
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.errors import LeanAgentError
-from leanagent.models.fisher import load_retriever
+from leanagent.models.loading import load_retriever
 from leanagent.models.retriever import PremiseRetriever
 from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, Fuser, choose_weight, normalise
 from tests.conftest import REPO, run_cli

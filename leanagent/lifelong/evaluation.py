@@ -9,7 +9,7 @@ import pytorch_lightning as pl
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.retrieval.metrics import metric_names
-from leanagent.models.fisher import load_retriever
+from leanagent.models.loading import load_retriever
 from leanagent.retrieval.fusion import BASELINE_MODES
 
 
