@@ -93,9 +93,11 @@ def test_unpadded_sampler_covers_each_index_exactly_once(size, world):
 
 
 def test_byte_tokenizer_matches_byt5_and_truncates_keeping_eos():
+    from leanagent.data.token_store import TokenTable
     from leanagent.models.tokenizer import ByteTokenizer
 
-    ids, lengths = ByteTokenizer().encode(["ab", "é" + "x" * 10], max_len=5)
+    ids, mask = TokenTable(*ByteTokenizer().encode_ragged(["ab", "é" + "x" * 10], max_len=5)).gather_numpy(np.arange(2))
+    lengths = mask.sum(axis=1)
     assert ids[0].tolist() == [ord("a") + 3, ord("b") + 3, 1, 0, 0] and lengths[0] == 3
     assert ids[1].tolist() == [0xC3 + 3, 0xA9 + 3, ord("x") + 3, ord("x") + 3, 1] and lengths[1] == 5
 
