@@ -206,10 +206,9 @@ class PremiseRetriever(pl.LightningModule):
         """This run's lr and weight decay win over a resumed optimizer's (schedule.override_restored)."""
         scheduler = self.lr_schedulers()
         override_restored(self.optimizers(use_pl_optimizer=False), scheduler, self.lr, self.weight_decay)
-        log.info(
-            "rank %d: LR schedule over %d optimizer steps from step %d (warmup %d, peak %g), now at step %d",
-            self.global_rank, fit_steps(self.trainer, self._fit_start_epoch, self._fit_start_step), self._fit_start_step, self.warmup_steps, self.lr, scheduler.last_epoch,
-        )
+        steps = fit_steps(self.trainer, self._fit_start_epoch, self._fit_start_step)
+        log.info("rank %d: LR schedule over %d optimizer steps from step %d (warmup %d, peak %g), now at step %d",
+                 self.global_rank, steps, self._fit_start_step, self.warmup_steps, self.lr, scheduler.last_epoch)
 
     def setup(self, stage: str) -> None:
         if self.trainer is not None and stage == "fit":
@@ -226,6 +225,7 @@ class PremiseRetriever(pl.LightningModule):
         return self._corpus.matrix
 
     def embed_corpus(self) -> torch.Tensor:
+        """The [num_premises, dim] matrix of the current weights, each rank embedding its share."""
         return embed_corpus(self, self.data, self.encoder.t5.config.d_model)
 
     def _ensure_corpus_embeddings(self) -> None:
