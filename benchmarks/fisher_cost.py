@@ -22,7 +22,8 @@ import torch
 from benchmarks.arguments import benchmark_parser
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.fisher import FisherInformation
-from leanagent.models.retriever import PremiseRetriever, batch_loss
+from leanagent.models.losses import batch_loss
+from leanagent.models.retriever import PremiseRetriever
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from leanagent.corpus.import_order import imports_first
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = next((p for p in (REPO / "shared", REPO.parent / "shared") if p.is_dir()), REPO.parent / "shared") / "data"
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -49,36 +51,14 @@ GB = 1024**3
 
 
 # Synthetic dataset.
-def _topological(records: list[dict]) -> list[int]:
-    index = {r["path"]: i for i, r in enumerate(records)}
-    done: set[int] = set()
-    order: list[int] = []
-    for root in range(len(records)):
-        stack = [(root, iter(records[root]["imports"]))]
-        if root in done:
-            continue
-        done.add(root)
-        while stack:
-            node, deps = stack[-1]
-            for dep in deps:
-                d = index[dep]
-                if d not in done:
-                    done.add(d)
-                    stack.append((d, iter(records[d]["imports"])))
-                    break
-            else:
-                stack.pop()
-                order.append(node)
-    return order
-
-
 def build_synthetic(source: Path, target: Path, premises: int, split: str = "random") -> Path:
     """`source` plus renamed copies `Copy1/`, `Copy2/`, ... up to about `premises` premises (idempotent)."""
     stamp = target / ".complete"
     if stamp.is_file() and stamp.read_text() == f"{source}|{premises}":
         return target
     records = [json.loads(line) for line in (source / "corpus.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
-    order = _topological(records)
+    index = {r["path"]: i for i, r in enumerate(records)}
+    order = imports_first({i: [index[p] for p in r["imports"]] for i, r in enumerate(records)})
     per_copy = sum(len(r["premises"]) for r in records)
     known = {r["path"] for r in records}
     out_records = list(records)

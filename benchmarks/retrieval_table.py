@@ -18,11 +18,10 @@ import argparse
 import time
 from pathlib import Path
 
-import pytorch_lightning as pl
-
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
-from leanagent.models.fisher import load_retriever
+from leanagent.lifelong.evaluation import evaluate, evaluation_trainer
+from leanagent.models.loading import load_retriever
 from leanagent.retrieval.fusion import RETRIEVAL_MODES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,23 +39,21 @@ def main() -> None:
     for dataset in args.datasets:
         model = load_retriever(args.checkpoint)  # fresh per dataset: the checkpoint's own hybrid weight
         stored = sorted(model.hybrid_weights.values())
-        trainer = pl.Trainer(accelerator="auto", devices=1, precision=args.precision, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer = evaluation_trainer(args.precision)
         datamodule = RetrievalDataModule.for_checkpoint(  # the checkpoint's premise_text, max_seq_len, model_name
             load_checkpoint(args.checkpoint, "checkpoint"), str(dataset / args.split_dir), str(dataset / "corpus.jsonl"),
             eval_batch_size=args.eval_batch_size,
         )
-        for split, run in (("test", trainer.test), ("val", trainer.validate), ("test*", trainer.test)):
+        for split in ("test", "val", "test*"):
             start = time.perf_counter()
-            logged = run(model, datamodule=datamodule, verbose=False)[0]
+            metrics = evaluate(model, datamodule, split.rstrip("*"), trainer)
             elapsed = time.perf_counter() - start
-            key = split.rstrip("*")
-            weight = logged[f"hybrid_weight_{key}"]
+            weight = metrics["hybrid_weight"]
             for mode in RETRIEVAL_MODES:
                 if split == "test*" and mode != "hybrid":
                     continue  # dense and BM25 do not depend on the weight
                 suffix = "" if mode == "dense" else f"/{mode}"  # the plain names are the dense ranking
-                values = [logged[f"{m}_{key}{suffix}"] for m in ("Recall@1", "Recall@10", "MRR")]
+                values = [metrics[f"{m}{suffix}"] for m in ("Recall@1", "Recall@10", "MRR")]
                 rows.append((dataset.name, split, mode, *values, weight if mode == "hybrid" else None, elapsed))
             print(f"{dataset.name} {split}: {elapsed:.0f} s (checkpoint weights {stored})", flush=True)
             if split == "val":

@@ -24,7 +24,9 @@ import pytorch_lightning as pl
 import torch
 
 from leanagent.data.datamodule import RetrievalDataModule
-from leanagent.models.retriever import LOSSES, PremiseRetriever
+from leanagent.lifelong.evaluation import evaluate
+from leanagent.models.losses import LOSSES
+from leanagent.models.retriever import PremiseRetriever
 
 METRICS = ("Recall@1_val", "Recall@10_val", "MRR_val")
 MODES = ("dense", "bm25", "hybrid")
@@ -152,14 +154,15 @@ def main() -> None:
             data_path=f"{folder}/random", corpus_path=f"{folder}/corpus.jsonl", max_seq_len=args.max_seq_len,
             model_name=args.model_name, premise_text=args.premise_text,
         )
-        logged = trainer.test(model, datamodule=test_data, verbose=False)[0]
+        metrics = evaluate(model, test_data, "test", trainer)
+
         def cell(mode: str) -> str:
             suffix = "" if mode == "dense" else f"/{mode}"  # the plain names are the dense ranking
-            r1, r10, mrr = (logged[f"{m}_test{suffix}"] for m in ("Recall@1", "Recall@10", "MRR"))
+            r1, r10, mrr = (metrics[f"{m}{suffix}"] for m in ("Recall@1", "Recall@10", "MRR"))
             return f"{mode} {r1:.1f}/{r10:.1f}/{mrr:.3f}"
 
         cells = "  ".join(cell(mode) for mode in MODES)
-        print(f"test {folder}: R@1/R@10/MRR {cells}  (hybrid weight {logged['hybrid_weight_test']:.1f})", flush=True)
+        print(f"test {folder}: R@1/R@10/MRR {cells}  (hybrid weight {metrics['hybrid_weight']:.1f})", flush=True)
 
 
 if __name__ == "__main__":

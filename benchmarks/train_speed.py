@@ -31,7 +31,8 @@ from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.data.samplers import EpochShuffledSampler
 from leanagent.distributed import local_cpu_count
 from leanagent.models import encoder as encoder_module
-from leanagent.models.retriever import PremiseRetriever, batch_loss
+from leanagent.models.losses import batch_loss
+from leanagent.models.retriever import PremiseRetriever
 
 BYT5_SMALL_SHAPE = dict(d_model=1472, d_kv=64, num_heads=6, d_ff=3584, num_layers=12)
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mathlib-order"

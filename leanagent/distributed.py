@@ -28,13 +28,6 @@ def default_strategy(timeout: timedelta = ONE_YEAR) -> dict[str, Any]:
     return {"class_path": DDP_CLASS_PATH, "init_args": {"timeout": str(timeout)}}
 
 
-def ddp_strategy(timeout: timedelta = ONE_YEAR, **kwargs: Any):
-    """The same strategy as a live object, for code that builds a Trainer without the CLI."""
-    from pytorch_lightning.strategies import DDPStrategy
-
-    return DDPStrategy(timeout=timeout, **kwargs)
-
-
 def set_nccl_env(timeout: timedelta) -> None:
     """Must run before any process group exists; children inherit os.environ."""
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"

@@ -1,14 +1,20 @@
-"""Test-only callbacks, loaded by real-process tests with `--trainer.callbacks+=tests.helpers.<Name>`."""
+"""Test-only helpers: callbacks loaded by real-process tests with `--trainer.callbacks+=tests.helpers.<Name>`,
+and functions the tests share that the package itself does not need."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Callback
+
+if TYPE_CHECKING:
+    from leanagent.models.fisher import FisherInformation
 
 
 class SleepInStep(Callback):
@@ -47,3 +53,35 @@ class Dropout(Callback):
                 module.p = self.p
             if hasattr(module, "dropout") and isinstance(module.dropout, float):  # T5Attention's functional dropout
                 module.dropout = self.p
+
+
+def per_example_grads(fisher: "FisherInformation", batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """[B, *shape] gradients of each pair's own loss, in batch order (what the Fisher squares and sums)."""
+    names = [name for name, _ in fisher.retriever.encoder.named_parameters()]
+    grads = [fisher.example_grad(batch, i) for i in range(len(batch["index"]))]
+    return {name: torch.stack([g[j] for g in grads]) for j, name in enumerate(names)}
+
+
+def padded(rows: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows as a [N, width] int32 table padded with 0, and their lengths: the dense reference form."""
+    ids = np.zeros((len(rows), width), dtype=np.int32)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+    return ids, np.asarray([len(row) for row in rows], dtype=np.int32)
+
+
+def byt5_dense(texts: list[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """ByT5's ids written out by hand (UTF-8 bytes + 3, cut to max_len - 1, EOS 1, PAD 0), padded to max_len."""
+    return padded([[b + 3 for b in text.encode("utf-8")[: max_len - 1]] + [1] for text in texts], max_len)
+
+
+def gather_tokens(ids: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a dense table, trimmed to the longest one; row -1 gives an all-padding row (the reference gather)."""
+    safe = np.where(rows >= 0, rows, 0)
+    width = int(max(lengths[safe].max(initial=1), 1))
+    out = ids[safe, :width].copy()
+    mask = (np.arange(width)[None, :] < lengths[safe][:, None]).astype(np.int64)
+    out[rows < 0] = 0
+    mask[rows < 0] = 0
+    mask[rows < 0, 0] = 1
+    return out.astype(np.int64), mask

@@ -107,7 +107,7 @@ def test_unwritable_fisher_output_is_found_before_the_pass(capsys, in_tmp, toy_d
 
 def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint):
     from leanagent.ewc.fisher_file import save_fisher
-    from leanagent.models.fisher import load_retriever
+    from leanagent.models.loading import load_retriever
 
     params = dict(load_retriever(retriever_checkpoint).named_parameters())
     save_fisher(in_tmp / "f.safetensors", {k: torch.ones_like(v) for k, v in params.items()}, {"mode": "empirical"}, theta_star=params)

@@ -137,3 +137,13 @@ def test_unreadable_inputs_give_one_error_naming_the_file(tmp_path, monkeypatch)
     monkeypatch.setattr(pathlib.Path, "open", denied)  # root ignores chmod, so refuse the read itself
     with pytest.raises(LeanAgentError, match=r"good.jsonl: cannot read \(Permission denied\)"):
         Corpus.from_jsonl(good)
+
+
+def test_import_order_puts_imports_first_and_breaks_ties_by_listing_order():
+    from leanagent.corpus.import_order import ImportCycle, imports_first
+
+    assert imports_first({"A": [], "B": ["A"], "C": [], "D": ["B"]}) == ["A", "B", "C", "D"]  # already in order: kept
+    assert imports_first({"X": ["Z"], "Y": [], "Z": []}) == ["Y", "Z", "X"]
+    with pytest.raises(ImportCycle) as cycle:
+        imports_first({"Other": [], "Q": ["R"], "R": ["P"], "P": ["Q"]})
+    assert cycle.value.files == ["Q", "R", "P", "Q"]  # from the first listed file of the cycle, each importing the next

@@ -93,9 +93,11 @@ def test_unpadded_sampler_covers_each_index_exactly_once(size, world):
 
 
 def test_byte_tokenizer_matches_byt5_and_truncates_keeping_eos():
+    from leanagent.data.token_store import TokenTable
     from leanagent.models.tokenizer import ByteTokenizer
 
-    ids, lengths = ByteTokenizer().encode(["ab", "é" + "x" * 10], max_len=5)
+    ids, mask = TokenTable(*ByteTokenizer().encode_ragged(["ab", "é" + "x" * 10], max_len=5)).gather_numpy(np.arange(2))
+    lengths = mask.sum(axis=1)
     assert ids[0].tolist() == [ord("a") + 3, ord("b") + 3, 1, 0, 0] and lengths[0] == 3
     assert ids[1].tolist() == [0xC3 + 3, 0xA9 + 3, ord("x") + 3, ord("x") + 3, 1] and lengths[1] == 5
 
@@ -163,3 +165,35 @@ def test_a_loader_with_workers_serves_the_epoch_set_after_iter_was_called(toy_da
     iterator = iter(loader)  # as Lightning's setup_data does, before the epoch is known
     loader.sampler.set_epoch(3)
     assert [(b["index"].tolist(), b["cand_ids"].tolist()) for b in iterator] == expected
+
+
+def test_the_training_loader_follows_the_train_order_the_module_asks_for(toy_dataset):
+    from types import SimpleNamespace
+
+    from torch.utils.data import DistributedSampler
+
+    from leanagent.data.samplers import EpochShuffledSampler
+    from leanagent.models.data_contract import RetrievalData, TrainOrder
+
+    assert RetrievalData in RetrievalDataModule.__mro__ and not RetrievalDataModule.__abstractmethods__  # all implemented
+
+    class Module:
+        def __init__(self, order: TrainOrder) -> None:
+            self.order = order
+
+        def train_order(self) -> TrainOrder:
+            return self.order
+
+    def sampler(order: TrainOrder | None):
+        dm = datamodule(toy_dataset, batch_size=2)
+        dm.trainer = SimpleNamespace(lightning_module=Module(order) if order else object(), world_size=2, global_rank=1)
+        return dm.train_dataloader().sampler, len(dm.train_pairs)
+
+    in_order, size = sampler(TrainOrder("in_order"))
+    assert type(in_order) is DistributedSampler and list(in_order)[: size // 2] == list(range(1, size, 2))[: size // 2]
+    single, _ = sampler(TrainOrder("single_pass"))
+    assert isinstance(single, UnpaddedDistributedSampler) and len(single) == -(-size // 2)  # padded to equal shards
+    resumed, _ = sampler(TrainOrder("shuffled", resume=(3, 1)))
+    assert isinstance(resumed, EpochShuffledSampler) and (resumed.skip_epoch, resumed.skip) == (3, 2)  # 1 batch of 2 pairs
+    default, _ = sampler(None)  # a module that states no order: shuffled from the start
+    assert isinstance(default, EpochShuffledSampler) and default.skip == 0

@@ -52,8 +52,3 @@ def test_timeout_values():
     assert distributed.parse_timeout(60) == timedelta(minutes=1)
     with pytest.raises(LeanAgentError):
         distributed.parse_timeout("soon")
-
-
-def test_strategy_factory_matches_the_cli_default():
-    strategy = distributed.ddp_strategy()
-    assert type(strategy).__name__ == "DDPStrategy" and strategy._timeout == distributed.ONE_YEAR

@@ -38,8 +38,8 @@ def test_lifelong_evaluation_reads_text_as_the_checkpoint_was_trained(retriever_
             built.append(self)
 
     monkeypatch.setattr(evaluation, "RetrievalDataModule", Recorded)
-    evaluation.evaluate_checkpoint(path, {"toy": (toy_dataset / "random", toy_dataset / "corpus.jsonl")}, "test",
-                                   eval_batch_size=16, num_retrieved=10)
+    evaluation.evaluate_splits(path, {"toy": (toy_dataset / "random", toy_dataset / "corpus.jsonl")}, ("val", "test"),
+                               eval_batch_size=16, num_retrieved=10)
     (datamodule,) = built
     assert (datamodule.premise_text, datamodule.max_seq_len, datamodule.eval_batch_size) == ("code", 48, 16)
     assert datamodule.data_path == toy_dataset / "random"

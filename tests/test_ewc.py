@@ -5,7 +5,7 @@ from safetensors.torch import load_file
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.penalty import EWCPenalty, combine_fisher, load_ewc
 from leanagent.ewc.fisher_file import save_fisher, weights_fingerprint
-from leanagent.models.fisher import load_retriever
+from leanagent.models.loading import load_retriever
 from leanagent.models.retriever import PremiseRetriever
 
 

@@ -9,8 +9,10 @@ import torch
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import load_fisher, save_fisher
-from leanagent.models.fisher import FisherInformation, load_retriever
-from leanagent.models.retriever import batch_loss, contrastive_loss
+from leanagent.models.fisher import FisherInformation
+from leanagent.models.loading import load_retriever
+from leanagent.models.losses import batch_loss, contrastive_loss
+from tests.helpers import per_example_grads
 
 
 @pytest.fixture
@@ -41,8 +43,8 @@ def reference_per_example_grads(module: FisherInformation, batch) -> list[dict[s
     return grads
 
 
-def test_vmap_per_example_gradients_equal_a_loop(fisher_module, batch):
-    fast = fisher_module.per_example_grads(batch)
+def test_per_example_gradients_equal_a_loop(fisher_module, batch):
+    fast = per_example_grads(fisher_module, batch)
     slow = reference_per_example_grads(fisher_module, batch)
     for name, stacked in fast.items():
         for i, reference in enumerate(slow):
@@ -50,7 +52,7 @@ def test_vmap_per_example_gradients_equal_a_loop(fisher_module, batch):
 
 
 def test_per_example_gradient_does_not_depend_on_the_rest_of_the_batch(fisher_module, batch):
-    full = fisher_module.per_example_grads(batch)
+    full = per_example_grads(fisher_module, batch)
     per = batch["cand_ids"].shape[0] // len(batch["index"])
     alone = {
         "index": batch["index"][1:2],
@@ -61,7 +63,7 @@ def test_per_example_gradient_does_not_depend_on_the_rest_of_the_batch(fisher_mo
         "cand_valid": batch["cand_valid"][per : 2 * per],
         "labels": batch["labels"][1:2, per : 2 * per],
     }
-    single = fisher_module.per_example_grads(alone)
+    single = per_example_grads(fisher_module, alone)
     for name in full:
         torch.testing.assert_close(single[name][0], full[name][1], rtol=1e-5, atol=1e-5 * float(full[name].abs().max()))
 

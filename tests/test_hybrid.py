@@ -13,7 +13,7 @@ import torch
 
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.errors import LeanAgentError
-from leanagent.models.fisher import load_retriever
+from leanagent.models.loading import load_retriever
 from leanagent.models.retriever import PremiseRetriever
 from leanagent.retrieval.fusion import DEFAULT_HYBRID_WEIGHT, HYBRID_GRID, Fuser, choose_weight, normalise
 from tests.conftest import REPO, run_cli
@@ -229,10 +229,11 @@ def test_cli_validate_logs_dense_bm25_and_hybrid_and_the_command_line_mode_wins(
 
 
 def test_lifelong_evaluation_reports_dense_and_hybrid_with_each_datasets_own_weight(retriever_checkpoint, mini_dataset):
-    from leanagent.lifelong.evaluation import evaluate_checkpoint
+    from leanagent.lifelong.evaluation import evaluate_splits
 
     datasets = {"mini": (mini_dataset / "random", mini_dataset / "corpus.jsonl")}
-    results = evaluate_checkpoint(retriever_checkpoint, datasets, "test", num_retrieved=20)["mini"]
+    evaluated = evaluate_splits(retriever_checkpoint, datasets, ("val", "test"), num_retrieved=20)
+    results = evaluated["test"]["mini"]
     model = load_retriever(retriever_checkpoint)
     model.num_retrieved = 20
     logged = _trainer().test(model, datamodule=_datamodule(mini_dataset), verbose=False)[0]
@@ -241,7 +242,7 @@ def test_lifelong_evaluation_reports_dense_and_hybrid_with_each_datasets_own_wei
         assert {f"{metric}/bm25", f"{metric}/hybrid"} <= set(results)
     assert results["Recall@10/bm25"] != results["Recall@10"]  # really two rankings
     # Hybrid on test uses the weight chosen on this dataset's own val, not the checkpoint's (stored elsewhere).
-    chosen = evaluate_checkpoint(retriever_checkpoint, datasets, "val", num_retrieved=20)["mini"]["hybrid_weight"]
+    chosen = evaluated["val"]["mini"]["hybrid_weight"]
     assert results["hybrid_weight"] == chosen
     assert logged["Recall@10_test"] == pytest.approx(results["Recall@10"])
 

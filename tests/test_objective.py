@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from leanagent.models.retriever import candidate_labels, contrastive_loss, share_candidates
+from leanagent.models.losses import candidate_labels, contrastive_loss, share_candidates
 
 
 def test_labels_mark_any_positive_of_the_query_and_never_padding():

@@ -11,7 +11,8 @@ import pytest
 
 from leanagent.data import token_store
 from leanagent.data.token_store import TokenTable, content_key, source_key, tokenize
-from leanagent.models.tokenizer import ByteTokenizer, gather_tokens
+from leanagent.models.tokenizer import ByteTokenizer
+from tests.helpers import byt5_dense, gather_tokens, padded
 
 TEXTS = ["ab", "é" + "x" * 10, "", "∀ x, x = x", "a" * 40, "⊢ True"]
 
@@ -28,8 +29,8 @@ class CountingTokenizer(ByteTokenizer):
         return super().encode_ragged(texts, max_len)
 
 
-def test_ragged_encoding_holds_exactly_the_dense_rows():
-    ids, lengths = ByteTokenizer().encode(TEXTS, max_len=8)
+def test_byte_ragged_encoding_holds_exactly_byt5s_rows():
+    ids, lengths = byt5_dense(TEXTS, max_len=8)
     tokens, offsets = ByteTokenizer().encode_ragged(TEXTS, max_len=8)
     assert tokens.dtype == np.uint16 and offsets[-1] == len(tokens) == lengths.sum()
     for i in range(len(TEXTS)):
@@ -38,7 +39,7 @@ def test_ragged_encoding_holds_exactly_the_dense_rows():
 
 @pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4, 5], [4, -1, 0], [-1, -1], [2], [], [5, 5, 1]])
 def test_ragged_gather_gives_the_dense_tables_batches(rows):
-    ids, lengths = ByteTokenizer().encode(TEXTS, max_len=16)
+    ids, lengths = byt5_dense(TEXTS, max_len=16)
     table = TokenTable(*ByteTokenizer().encode_ragged(TEXTS, max_len=16))
     rows = np.asarray(rows, dtype=np.int64)
     want_ids, want_mask = gather_tokens(ids, lengths, rows)
@@ -47,7 +48,6 @@ def test_ragged_gather_gives_the_dense_tables_batches(rows):
     np.testing.assert_array_equal(got_ids, want_ids)
     np.testing.assert_array_equal(got_mask, want_mask)
     np.testing.assert_array_equal(table.lengths, lengths)
-    np.testing.assert_array_equal(TokenTable.from_dense(ids, lengths).gather_numpy(rows)[0], want_ids)
 
 
 def test_cached_table_is_memory_mapped_npy_and_reused(tmp_path):
@@ -110,7 +110,7 @@ def test_a_damaged_entry_is_rebuilt(tmp_path):
     data = (entry / "tokens.npy").read_bytes()
     (entry / "tokens.npy").write_bytes(data[: len(data) // 2])
     table = tokenize(ByteTokenizer(), TEXTS, 16, cache_dir=cache)
-    ids, lengths = ByteTokenizer().encode(TEXTS, 16)
+    ids, lengths = byt5_dense(TEXTS, 16)
     np.testing.assert_array_equal(table.gather_numpy(np.arange(len(TEXTS)))[0], gather_tokens(ids, lengths, np.arange(len(TEXTS)))[0])
 
 
@@ -144,7 +144,7 @@ def test_datamodule_batches_are_unchanged_by_the_cache(toy_dataset, tmp_path, mo
     monkeypatch.setenv(token_store.CACHE_ENV, str(tmp_path / "c"))
     dm = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"), max_seq_len=24)
     texts = dm.corpus.premise_texts("serialized")
-    ids, lengths = ByteTokenizer().encode(texts, 24)
+    ids, lengths = byt5_dense(texts, 24)
     rows = np.array([3, -1, 0, len(texts) - 1])
     got_ids, got_mask = dm.corpus_tokens.gather(rows)
     want_ids, want_mask = gather_tokens(ids, lengths, rows)
@@ -164,7 +164,7 @@ def test_texts_from_a_function_are_computed_only_to_build(tmp_path):
     first = tokenize(ByteTokenizer(), texts, 16, cache_dir=tmp_path, key=key)
     second = tokenize(ByteTokenizer(), texts, 16, cache_dir=tmp_path, key=key)
     assert len(calls) == 1 and isinstance(second.tokens, np.memmap)
-    np.testing.assert_array_equal(first.lengths, ByteTokenizer().encode(TEXTS, 16)[1])
+    np.testing.assert_array_equal(first.lengths, byt5_dense(TEXTS, 16)[1])
     tokenize(ByteTokenizer(), texts, 16, cache_dir=tmp_path, key=source_key(ByteTokenizer(), 16, "corpus bytes v2"))
     assert len(calls) == 2
     assert source_key(ByteTokenizer(), 16, "ab", "c") != source_key(ByteTokenizer(), 16, "a", "bc")
@@ -193,13 +193,13 @@ def test_datamodule_rebuilds_corpus_tokens_when_the_corpus_changes(toy_dataset, 
     (toy_dataset / "corpus.jsonl").write_text("\n".join(lines) + "\n")
     new_texts, after = corpus_tokens()
     assert new_texts != texts
-    ids, lengths = ByteTokenizer().encode(new_texts, 64)
+    ids, lengths = byt5_dense(new_texts, 64)
     rows = np.arange(len(new_texts))
     np.testing.assert_array_equal(after.gather_numpy(rows)[0], gather_tokens(ids, lengths, rows)[0])
     assert len([p for p in (tmp_path / "c").iterdir() if p.is_dir()]) == 2  # one entry per corpus content
 
 
-def test_hf_ragged_encoding_matches_its_dense_encoding():
+def test_hf_ragged_encoding_holds_the_tokenizers_rows():
     from leanagent.models.tokenizer import HFTokenizer
 
     class Stub:  # a Hugging Face tokenizer's call: ids per text, truncated to max_length with EOS kept
@@ -208,7 +208,7 @@ def test_hf_ragged_encoding_matches_its_dense_encoding():
 
     tokenizer = HFTokenizer.__new__(HFTokenizer)
     tokenizer.tokenizer = Stub()
-    ids, lengths = tokenizer.encode(TEXTS, 8, chunk=4)
+    ids, lengths = padded(Stub()(TEXTS, 8, True)["input_ids"], 8)
     tokens, offsets = tokenizer.encode_ragged(TEXTS, 8, chunk=4)
     assert tokens.dtype == np.int32  # ids above 65535 do not fit uint16
     table = TokenTable(tokens, offsets)

@@ -14,7 +14,7 @@ from leanagent.callbacks.progressive import plan_max_epochs
 from leanagent.checkpoint_files import FIT_STATE_KEY, load_checkpoint, next_fit_start
 from leanagent.cli import LeanAgentCLI, adopt_checkpoint_hparams, use_final_last_checkpoint
 from leanagent.errors import LeanAgentError
-from leanagent.models.retriever import warmup_cosine
+from leanagent.models.schedule import warmup_cosine
 
 
 def checkpoint(epoch: int, step: int, **state) -> dict:

@@ -17,6 +17,7 @@ import re
 import numpy as np
 import torch
 
+from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.errors import LeanAgentError
 from leanagent.io import iter_jsonl
 
@@ -169,7 +170,7 @@ class Corpus:
                 np.asarray(ends, dtype=np.int64),
                 source=str(path),
             )
-        except _ImportCycle as cycle:
+        except ImportCycle as cycle:
             raise LeanAgentError(f"{path}: import cycle: {' -> '.join(cycle.files)}") from None
 
     def __len__(self) -> int:
@@ -200,7 +201,10 @@ class Corpus:
     def _import_closure(self) -> np.ndarray:
         """closure[f, g] is True when file f imports g directly or transitively (never f itself)."""
         n = len(self.paths)
-        order = _topological_order(self.imports, self.paths)
+        try:
+            order = imports_first(dict(enumerate(self.imports)))
+        except ImportCycle as cycle:
+            raise ImportCycle([self.paths[f] for f in cycle.files]) from None
         closure = np.zeros((n, n), dtype=bool)
         for f in order:
             for g in self.imports[f]:
@@ -250,45 +254,3 @@ class Corpus:
                 torch.from_numpy(self.end_keys).to(device),
             )
         return self._torch_cache[device]
-
-
-class _ImportCycle(Exception):
-    def __init__(self, files: list[str]) -> None:
-        self.files = files
-
-
-def _topological_order(imports: list[list[int]], paths: list[str]) -> list[int]:
-    """Files ordered so that each comes after everything it imports (Kahn's algorithm)."""
-    n = len(imports)
-    importers: list[list[int]] = [[] for _ in range(n)]
-    pending = [len(set(deps)) for deps in imports]
-    for f, deps in enumerate(imports):
-        for g in set(deps):
-            importers[g].append(f)
-    ready = [f for f in range(n) if pending[f] == 0]
-    order: list[int] = []
-    while ready:
-        g = ready.pop()
-        order.append(g)
-        for f in importers[g]:
-            pending[f] -= 1
-            if pending[f] == 0:
-                ready.append(f)
-    if len(order) < n:
-        raise _ImportCycle(_find_cycle(imports, paths, {f for f in range(n) if pending[f] > 0}))
-    return order
-
-
-def _find_cycle(imports: list[list[int]], paths: list[str], stuck: set[int]) -> list[str]:
-    """Walk imports among the files Kahn's algorithm could not order until one repeats."""
-    start = min(stuck)
-    walk = [start]
-    position = {start: 0}
-    current = start
-    while True:
-        current = next(g for g in imports[current] if g in stuck)
-        if current in position:
-            cycle = walk[position[current]:] + [current]
-            return [paths[f] for f in cycle]
-        position[current] = len(walk)
-        walk.append(current)

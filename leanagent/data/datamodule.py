@@ -25,6 +25,7 @@ from leanagent.data.negatives import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
 from leanagent.corpus.tactics import TacticStates, load_tactic_states, warn_unresolved
 from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
+from leanagent.models.data_contract import OrdersTraining, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_bytes, require_file
@@ -93,7 +94,7 @@ class EvalStates(Dataset):
         return index
 
 
-class RetrievalDataModule(pl.LightningDataModule):
+class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
     def __init__(
         self,
         data_path: str = "data/batteries/random",
@@ -241,7 +242,7 @@ class RetrievalDataModule(pl.LightningDataModule):
 
     @property
     def bm25_index(self) -> BM25Index:
-        """One BM25 index per process and corpus, for hard negatives and for BM25/hybrid evaluation."""
+        """The one BM25 index of the corpus in this process: hard negatives and BM25/hybrid ranking share it."""
         if self._bm25 is None:
             self._bm25 = BM25Index(self.corpus)
         return self._bm25
@@ -350,27 +351,23 @@ class RetrievalDataModule(pl.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        """In the order the module being fit asks for (`train_order`, models/data_contract.py); shuffled by default."""
         trainer = getattr(self, "trainer", None)
         module = getattr(trainer, "lightning_module", None)
-        single_pass = bool(getattr(module, "needs_single_pass", False))
+        order = module.train_order() if isinstance(module, OrdersTraining) else TrainOrder()
         world_size, rank = self._world()
-        if single_pass:
-            # Lightning runs a collective every training step, so every rank needs as many batches:
-            # shards are padded with marked copies that the Fisher leaves out.
-            sampler = UnpaddedDistributedSampler(self.train_pairs, world_size, rank, equal_length=True)
-            return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=sampler,
-                              collate_fn=self.collate_train, num_workers=self.num_workers,
-                              worker_init_fn=ignore_stop_signals)
-        if getattr(module, "needs_fixed_order", False):
-            # Lightning would inject a shuffled sampler into any training loader; a DistributedSampler is kept.
-            in_order = DistributedSampler(self.train_pairs, num_replicas=world_size, rank=rank, shuffle=False)
-            return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=in_order,
-                              collate_fn=self.collate_train, num_workers=self.num_workers,
-                              worker_init_fn=ignore_stop_signals)
+        if order.how != "shuffled":
+            # single_pass: Lightning runs a collective every training step, so every rank needs as many
+            # batches: shards are padded with marked copies that the Fisher leaves out. in_order: Lightning
+            # would inject a shuffled sampler into any training loader; a DistributedSampler is kept.
+            sampler = (UnpaddedDistributedSampler(self.train_pairs, world_size, rank, equal_length=True)
+                       if order.how == "single_pass" else
+                       DistributedSampler(self.train_pairs, num_replicas=world_size, rank=rank, shuffle=False))
+            return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collate_train,
+                              num_workers=self.num_workers, worker_init_fn=ignore_stop_signals)
         sampler = EpochShuffledSampler(self.train_pairs, num_replicas=world_size, rank=rank, seed=self.seed)
-        resume = getattr(module, "resume_position", None)
-        if resume is not None:
-            sampler.skip_epoch, sampler.skip = resume[0], resume[1] * self.batch_size
+        if order.resume is not None:
+            sampler.skip_epoch, sampler.skip = order.resume[0], order.resume[1] * self.batch_size
         return ResumableLoader(
             self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collate_train,
             num_workers=self.num_workers, worker_init_fn=ignore_stop_signals, position=lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed,

@@ -46,22 +46,11 @@ class TokenTable:
         self.offsets = offsets
         self.lengths = np.diff(offsets).astype(np.int32)
 
-    @classmethod
-    def from_dense(cls, ids: np.ndarray, lengths: np.ndarray) -> TokenTable:
-        """From a padded [N, width] table and its row lengths (what `tokenizer.encode` returns)."""
-        keep = np.arange(ids.shape[1])[None, :] < np.asarray(lengths)[:, None]
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        return cls(ids[keep], offsets)
-
     def __len__(self) -> int:
         return len(self.lengths)
 
     def gather_numpy(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows as a padded int64 table trimmed to the longest one, and its mask; row -1 gives an all-padding row.
-
-        The same arrays as `tokenizer.gather_tokens` on the dense table.
-        """
+        """Rows as a padded int64 table trimmed to the longest one, and its mask; row -1 gives an all-padding row."""
         rows = np.asarray(rows, dtype=np.int64)
         safe = np.where(rows >= 0, rows, 0)
         lengths = self.lengths[safe]

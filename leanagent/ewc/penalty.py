@@ -41,6 +41,10 @@ class EWCPenalty:
             self.theta_star = {k: v.to(device) for k, v in self.theta_star.items()}
         return self
 
+    def differing(self, state_dict: dict[str, torch.Tensor]) -> list[str]:
+        """Names whose tensor in `state_dict` is not theta*'s: a fit starting there is pulled back towards theta*."""
+        return [n for n in self.names if n in state_dict and not torch.equal(state_dict[n].float(), self.theta_star[n].cpu())]
+
     def __call__(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         total = torch.zeros((), device=next(iter(params.values())).device)
         for name in self.names:

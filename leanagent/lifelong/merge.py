@@ -12,8 +12,8 @@ Corpus (``corpus.jsonl``)
     stably sorted by ``start`` position. Other keys come from the first record.
   * Every import must name a file of the merged corpus and imports must not form a
     cycle; otherwise LeanAgentError names the corpus line that lists the offending import.
-  * Files are written in topological order (imports first), visiting files in the order
-    they were first seen, so an already-sorted corpus keeps its order.
+  * Files are written in topological order (imports first); among files whose imports are
+    all written, the first seen goes first, so an already-sorted corpus keeps its order.
 
 Theorems (each split folder, e.g. ``random/``, merged on its own)
   * Deduplicated by (file_path, full_name). The record is the one from the last source
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.errors import LeanAgentError
 from leanagent.io import atomic_open, iter_jsonl, read_json, write_json
 
@@ -136,34 +137,13 @@ def _topological_order(files: dict[str, _File]) -> list[str]:
                 raise LeanAgentError(
                     f"{f.import_origin[imp]}: {path} imports {imp}, which is in none of the merged corpora"
                 )
-    done: set[str] = set()
-    on_stack: dict[str, int] = {}
-    order: list[str] = []
-    for root in files:
-        if root in done:
-            continue
-        stack: list[tuple[str, int]] = [(root, 0)]
-        on_stack[root] = 0
-        while stack:
-            path, k = stack[-1]
-            imports = files[path].imports
-            if k == len(imports):
-                stack.pop()
-                del on_stack[path]
-                done.add(path)
-                order.append(path)
-                continue
-            stack[-1] = (path, k + 1)
-            imp = imports[k]
-            if imp in on_stack:
-                cycle = [p for p, _ in stack[on_stack[imp] :]] + [imp]
-                raise LeanAgentError(
-                    f"{files[path].import_origin[imp]}: import cycle in merged corpus: " + " -> ".join(cycle)
-                )
-            if imp not in done:
-                on_stack[imp] = len(stack)
-                stack.append((imp, 0))
-    return order
+    try:
+        return imports_first({path: f.imports for path, f in files.items()})
+    except ImportCycle as cycle:
+        importer, imported = cycle.files[-2:]  # the import that closes the cycle
+        raise LeanAgentError(
+            f"{files[importer].import_origin[imported]}: import cycle in merged corpus: " + " -> ".join(cycle.files)
+        ) from None
 
 
 def _merged_record(f: _File) -> dict[str, Any]:

@@ -5,8 +5,8 @@ Default (`mode: empirical`): the per-example empirical Fisher
 over the N distinct training pairs, where loss_n is the retriever's MSE loss on pair n's own
 candidates (its positive and its negatives), so it does not depend on which other pairs share
 a batch. Per-example gradients come from one small autograd pass per pair through the retriever's
-length-chunked encoder calls: about 1.1x the cost of a training pass (`python -m benchmarks.fisher_cost`),
-where vmap over grad padded every pair to the batch's longest rows and cost 2-7x.
+length-chunked encoder calls, about what a training pass costs, where vmap over grad pads every pair
+to the batch's longest rows (`python -m benchmarks.fisher_cost` compares them).
 
 `mode: leanagent` reproduces LeanAgent's quantity for comparison. LeanAgent's backward goes through
 DDP, so each batch's gradient is the mean over ranks of their batch-mean (in-batch) loss gradients;
@@ -18,9 +18,7 @@ It depends on batch size, world size and batch order (fixed here, so it can be r
 
 from __future__ import annotations
 
-import inspect
 import logging
-from pathlib import Path
 from typing import Any, Literal
 
 import pytorch_lightning as pl
@@ -28,36 +26,17 @@ import torch
 import torch.distributed as dist
 
 from leanagent.errors import LeanAgentError
-from leanagent.checkpoint_files import load_checkpoint
 from leanagent.ewc.fisher_file import save_fisher
-from leanagent.models.retriever import PremiseRetriever, batch_loss, contrastive_loss, stack_padded
 from leanagent.faults.watchdog import beat
+from leanagent.models.data_contract import TrainOrder
+from leanagent.models.loading import load_retriever
+from leanagent.models.losses import batch_loss, contrastive_loss, stack_padded
 
 log = logging.getLogger("leanagent")
 
 
-
-def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> PremiseRetriever:
-    """A retriever from a Lightning checkpoint, loaded with weights_only=True (no pickle code runs)."""
-    path = Path(ckpt_path)
-    checkpoint = load_checkpoint(path, "retriever checkpoint")
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
-    if "state_dict" not in checkpoint or "model_name" not in hparams:
-        raise LeanAgentError(f"{path}: not a PremiseRetriever checkpoint (no state_dict or hyper_parameters)")
-    if model_name is not None and hparams["model_name"] != model_name:
-        raise LeanAgentError(
-            f"{path} was trained with model_name '{hparams['model_name']}', but model.model_name is '{model_name}'"
-        )
-    known = set(inspect.signature(PremiseRetriever.__init__).parameters) - {"self", "fisher_path", "ewc_lambda", "ewc_form"}
-    retriever = PremiseRetriever(**{k: v for k, v in hparams.items() if k in known})
-    retriever.on_load_checkpoint(checkpoint)
-    retriever.load_state_dict(checkpoint["state_dict"])
-    return retriever
-
-
 class FisherInformation(pl.LightningModule):
     """Runs once over the training split (`fit`, one epoch), never updates weights, writes one safetensors file."""
-
 
     def __init__(
         self,
@@ -91,12 +70,10 @@ class FisherInformation(pl.LightningModule):
         self._sum: dict[str, torch.Tensor] = {}
         self._count = 0
 
-    @property
-    def needs_single_pass(self) -> bool:
-        """Tells the datamodule: each pair on exactly one rank, nothing padded in (the per-example Fisher)."""
-        return self.mode == "empirical"
-
-    needs_fixed_order = True  # LeanAgent's mode depends on batch order: keep it reproducible
+    def train_order(self) -> TrainOrder:
+        """The per-example Fisher needs each pair on exactly one rank, nothing padded in; LeanAgent's
+        quantity depends on batch order, so it keeps the dataset's order (reproducible)."""
+        return TrainOrder("single_pass" if self.mode == "empirical" else "in_order")
 
     def configure_optimizers(self) -> None:
         return None
@@ -106,8 +83,7 @@ class FisherInformation(pl.LightningModule):
         parameter, computed as a training step computes a loss: the retriever's length-chunked encoder calls.
 
         One small autograd pass per pair, not a vmap over the batch: vmap pads every pair to the batch's
-        longest rows (attention grows with the square of the width) and, measured with
-        `python -m benchmarks.fisher_cost`, cost 2-7x a training pass where this costs about 1.1x.
+        longest rows, and attention grows with the square of the width (`python -m benchmarks.fisher_cost`).
         """
         size = len(batch["index"])
         per = batch["cand_ids"].shape[0] // size
@@ -119,12 +95,6 @@ class FisherInformation(pl.LightningModule):
             loss = contrastive_loss(embeddings[:1] @ embeddings[1:].T, batch["labels"][i : i + 1, rows],
                                     batch["cand_valid"][None, rows], self.retriever.loss)
             return list(torch.autograd.grad(loss, [p for _, p in self.retriever.encoder.named_parameters()]))
-
-    def per_example_grads(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """[B, *shape] gradients of each pair's own loss, in batch order."""
-        names = [name for name, _ in self.retriever.encoder.named_parameters()]
-        grads = [self.example_grad(batch, i) for i in range(len(batch["index"]))]
-        return {name: torch.stack([g[j] for g in grads]) for j, name in enumerate(names)}
 
     def squared_example_grads(self, batch: dict[str, torch.Tensor], weights: torch.Tensor) -> dict[str, torch.Tensor]:
         """sum_i weights[i] * g_i^2 over the batch's pairs, accumulated pair by pair (never [B, *shape] at once)."""

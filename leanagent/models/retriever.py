@@ -1,143 +1,40 @@
-"""The dense premise retriever (ReProver/LeanAgent): a T5 encoder trained contrastively, evaluated over accessible premises."""
+"""The dense premise retriever (ReProver/LeanAgent): a T5 encoder trained contrastively, evaluated over accessible premises.
+
+The LightningModule wires the parts together: losses.py (training loss), schedule.py (LR plan),
+corpus_embedding.py (the searched matrix), ranking_eval.py (metrics), hybrid_weights.py and
+fit_checkpoint.py (what checkpoints carry). It reads its data through data_contract.RetrievalData.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
-import os
-import random
 from collections.abc import Iterator
 from typing import Any
 
 import pytorch_lightning as pl
-import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from pytorch_lightning.trainer.states import TrainerFn
 
-from leanagent.checkpoint_files import FIT_STATE_KEY, FitState, drop_per_fit_callback_state, next_fit_start
+from leanagent.checkpoint_files import FIT_STATE_KEY, drop_per_fit_callback_state, next_fit_start
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import check_state_dict
-from leanagent.retrieval.metrics import metric_names, recall_ks, retrieval_metrics
+from leanagent.models.batch_seeds import batch_seed, run_seed, seed_global_rngs
 from leanagent.models.chunking import length_chunks
+from leanagent.models.corpus_embedding import CorpusEmbeddings, embed_corpus
+from leanagent.models.data_contract import RetrievalData, TrainOrder
 from leanagent.models.encoder import Encoder
-from leanagent.retrieval.bm25 import BM25Index
-from leanagent.retrieval.dense import SearchCorpus, dense_scores, rescore_head, search_dtype
-from leanagent.retrieval.fusion import (
-    DEFAULT_HYBRID_WEIGHT,
-    HYBRID_GRID,
-    MODE_WEIGHTS,
-    RETRIEVAL_MODES,
-    Fuser,
-    BASELINE_MODES,
-    choose_weight,
-)
-from leanagent.faults.watchdog import beat
+from leanagent.models.fit_checkpoint import fit_state_entry, resume_position
+from leanagent.models.hybrid_weights import load_hybrid_weights, mode_weight, save_hybrid_weights, weight_for
+from leanagent.models.losses import LOSSES, batch_loss, share_candidates
+from leanagent.models.ranking_eval import RankingEvaluation, check_monitors, evaluation_weights, logged_metrics
+from leanagent.models.schedule import adamw_with_schedule, fit_steps, override_restored
+from leanagent.retrieval.dense import dense_scores, rescore_head
+from leanagent.retrieval.fusion import RETRIEVAL_MODES, Fuser, choose_weight
 
 log = logging.getLogger("leanagent")
-
-
-def contrastive_loss(
-    similarity: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, loss: str = "mse", temperature: float = 0.05
-) -> torch.Tensor:
-    """Loss of cosine similarities [B, C] against 0/1 labels, over real (not padded) candidates.
-
-    `mse` is ReProver's and LeanAgent's: (similarity - label)^2 averaged over valid entries.
-    `infonce` is the multi-positive softmax loss: -log(sum over positives / sum over candidates) of
-    exp(similarity / temperature), averaged over queries that have a positive. It depends only on
-    how candidates rank against each other, so it keeps what an encoder already ranks well.
-    """
-    weight = valid.to(similarity.dtype).expand_as(similarity)
-    if loss == "mse":
-        return ((similarity - labels) ** 2 * weight).sum() / weight.sum().clamp(min=1)
-    logits = (similarity / temperature).masked_fill(weight == 0, float("-inf"))
-    positive_logits = logits.masked_fill(labels * weight == 0, float("-inf"))
-    has_positive = (labels * weight).sum(dim=1) > 0
-    # Rows without a positive get a zero loss with finite gradients (not 0 * NaN through torch.where).
-    positive_logits = torch.where(has_positive[:, None], positive_logits, logits)
-    per_query = torch.logsumexp(logits, dim=1) - torch.logsumexp(positive_logits, dim=1)
-    per_query = torch.where(has_positive, per_query, torch.zeros_like(per_query))
-    return per_query.sum() / has_positive.sum().clamp(min=1)
-
-
-LOSSES = ("mse", "infonce")
-
-
-def stack_padded(*tables: torch.Tensor) -> torch.Tensor:
-    """Rows of 2D tables one after the other, zero-padded on the right to the widest."""
-    width = max(t.shape[1] for t in tables)
-    return torch.cat([F.pad(t, (0, width - t.shape[1])) for t in tables])
-
-
-def batch_loss(encode, batch: dict[str, torch.Tensor], loss: str = "mse", share=None) -> torch.Tensor:
-    """The in-batch loss: every query against every candidate of the batch (its own and the others').
-
-    `share`, if given, widens the candidates beyond this batch (`share_candidates`: every rank's).
-    """
-    # One call for both, so that queries and candidates of similar length share encoder chunks.
-    ids = stack_padded(batch["query_ids"], batch["cand_ids"])  # 0 is ByT5's padding id
-    mask = stack_padded(batch["query_mask"], batch["cand_mask"])
-    embeddings = encode(ids, mask)
-    num_queries = len(batch["query_ids"])
-    queries, candidates = embeddings[:num_queries], embeddings[num_queries:]
-    labels, valid = batch["labels"], batch["cand_valid"]
-    if share is not None:
-        candidates, premises, valid = share(candidates, batch["cand_premises"], valid)
-        labels = candidate_labels(batch["query_positives"], premises)
-    return contrastive_loss(queries @ candidates.T, labels, valid[None, :], loss)
-
-
-def candidate_labels(query_positives: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-    """[B, C] 1.0 where candidate premise j is any positive of query i (-1 pads both sides)."""
-    hit = (candidates[None, :, None] == query_positives[:, None, :]).any(-1) & (candidates[None, :] >= 0)
-    return hit.to(torch.float32)
-
-
-def share_candidates(
-    candidates: torch.Tensor, premises: torch.Tensor, valid: torch.Tensor, gather, rank: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every rank's candidates, for in-batch negatives across the whole global batch.
-
-    `gather` is an all_gather that stacks a tensor of every rank ([world, ...]); other ranks' embeddings
-    come without gradient (each rank back-propagates through its own candidates, and DDP averages).
-    Ranks may hold batches of different sizes (the last one), so rows are padded to the largest.
-    """
-    sizes = gather(torch.tensor([len(premises)], device=candidates.device)).flatten()
-    width = int(sizes.max())
-    pad = width - len(premises)
-    local = F.pad(candidates, (0, 0, 0, pad))
-    with torch.no_grad():
-        everyone = gather(local.detach())
-    all_embeddings = torch.cat([everyone[:rank], local[None], everyone[rank + 1 :]]).flatten(0, 1)
-    all_premises = gather(F.pad(premises, (0, pad), value=-1)).flatten()
-    all_valid = gather(F.pad(valid.to(torch.int32), (0, pad))).flatten() > 0  # gloo gathers no bool
-    return all_embeddings, all_premises, all_valid
-
-
-def warmup_cosine(warmup_steps: int, total_steps: int, start_step: int = 0):
-    """LeanAgent's schedule (transformers' `get_cosine_schedule_with_warmup`) over one fit.
-
-    The fit's optimizer steps are `start_step .. start_step + total_steps - 1`: linear warmup from 0
-    over `warmup_steps`, then cosine decay that reaches zero at `start_step + total_steps`.
-    """
-
-    def factor(step: int) -> float:
-        s = max(0, step - start_step)
-        if s < warmup_steps:
-            return s / max(1, warmup_steps)
-        progress = (s - warmup_steps) / max(1, total_steps - warmup_steps)
-        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
-
-    return factor
-
-
-def batch_seed(seed: int, epoch: int, batch_idx: int, rank: int) -> int:
-    """A 63-bit seed that is a function of (seed, epoch, batch, rank) alone (numpy's SeedSequence mixing)."""
-    state = np.random.SeedSequence([seed % 2**63, epoch, batch_idx, rank]).generate_state(2, dtype=np.uint32)
-    return int(state[0]) << 31 ^ int(state[1])
 
 
 class PremiseRetriever(pl.LightningModule):
@@ -171,8 +68,8 @@ class PremiseRetriever(pl.LightningModule):
                 into calls that minimise padding plus `chunk_cost` per call (leanagent/models/chunking.py),
                 so one long premise does not pad a whole batch (attention grows with the square of the length).
             chunk_cost: the fixed cost of one more encoder call, in padded tokens; lower cuts padding,
-                higher cuts calls (512: 1.19x padded tokens on mathlib-order, benchmarks/train_speed.py).
-            loss: `mse` (ReProver/LeanAgent) or `infonce` (see `contrastive_loss`).
+                higher cuts calls (`python -m benchmarks.train_speed` measures both).
+            loss: `mse` (ReProver/LeanAgent) or `infonce` (see `losses.contrastive_loss`).
             fisher_path: a Fisher file; with `ewc_lambda` > 0 training adds the EWC penalty towards
                 the weights that Fisher was computed on (see leanagent/ewc/penalty.py).
             ewc_lambda: EWC strength (0 disables it).
@@ -186,8 +83,8 @@ class PremiseRetriever(pl.LightningModule):
                 retriever by name (`leanagent-base`, leanagent/pretrained/), a `.safetensors` weights
                 file or a `.ckpt`. A `--ckpt_path` checkpoint's weights replace them when a fit resumes.
             cross_rank_negatives: with `infonce` under DDP, every rank's candidates as in-batch negatives
-                (`share_candidates`). Off by default: on the bundled 4-rank job it left the dense model
-                weaker (val Recall@10 60.4 against 72.5 without it; README, "Measured").
+                (`losses.share_candidates`). Off by default: on the bundled 4-rank job it left the dense
+                model weaker than in-batch negatives of its own rank (README).
         """
         super().__init__()
         # LightningCLI lets a checkpoint's hyperparameters override the command line, so settings that
@@ -211,7 +108,6 @@ class PremiseRetriever(pl.LightningModule):
         self.retrieval = retrieval
         # Chosen on validation, one per premise set (`Corpus.premise_set_key`) it was chosen on.
         self.hybrid_weights: dict[str, float] = {}
-        self._bm25: tuple[str, BM25Index] | None = None
         self._split = "val"
         self.model_name = model_name
         self.lr = lr
@@ -237,12 +133,12 @@ class PremiseRetriever(pl.LightningModule):
         from leanagent.ewc.penalty import build_ewc
 
         self.ewc = build_ewc(fisher_path, ewc_lambda, ewc_form, dict(self.encoder_parameters()))
-        self.corpus_embeddings: torch.Tensor | None = None
-        self._embedded_at: tuple | None = None
-        self._search_corpus = SearchCorpus()
+        self._corpus = CorpusEmbeddings()
+        self._evaluation: RankingEvaluation | None = None
+        self.eval_by_weight: dict[float, list[float]] = {}  # the last evaluation's means by dense weight
         self._fit_start_epoch = 0
         self._fit_start_step = 0
-        self.resume_position: tuple[int, int] | None = None
+        self._resume_position: tuple[int, int] | None = None
 
     def encoder_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """Parameters under the names checkpoints and Fisher files use."""
@@ -288,130 +184,53 @@ class PremiseRetriever(pl.LightningModule):
         self.log(f"{name}_epoch", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=size)
 
     def on_fit_start(self) -> None:
-        # The run's seed (seed_everything's, the same when the same command resumes), for per-batch RNG seeds.
-        self._rng_seed = int(os.environ.get("PL_GLOBAL_SEED", torch.initial_seed()))
+        self._rng_seed = run_seed()
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Seed the global RNGs from (seed, epoch, batch, rank) before every training batch.
-
-        Dropout (ByT5-small has 0.1) draws from the global torch RNG, which Lightning does not checkpoint,
-        and which iterator creation and validation also draw from: a resumed fit would draw other masks.
-        Seeded per batch, the masks of batch b of epoch e on rank r are the same in an uninterrupted and a
-        resumed fit, and no RNG state needs saving. Negatives and the training order are seeded already.
-        """
-        seed = batch_seed(getattr(self, "_rng_seed", 0), self.current_epoch, batch_idx, self.global_rank)
-        torch.manual_seed(seed)  # CPU and every CUDA device
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
+        """Seed the global RNGs from (seed, epoch, batch, rank): the same dropout masks after a resume (batch_seeds.py)."""
+        seed_global_rngs(batch_seed(getattr(self, "_rng_seed", 0), self.current_epoch, batch_idx, self.global_rank))
 
     def on_train_epoch_start(self) -> None:
         # New negatives each epoch come from the training sampler's set_epoch (see EpochShuffledSampler).
-        self.corpus_embeddings = None
-        self._search_corpus.clear()
+        self._corpus.clear()
 
-    def fit_steps(self) -> int:
-        """Optimizer steps of the fit being run: from its first epoch to `max_epochs` (or `max_steps`)."""
-        trainer = self.trainer
-        trainer.estimated_stepping_batches  # sets up the train dataloader, so num_training_batches is known
-        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
-        steps = math.inf
-        if trainer.max_epochs is not None and trainer.max_epochs >= 0:
-            steps = per_epoch * (trainer.max_epochs - self._fit_start_epoch)
-        if trainer.max_steps is not None and trainer.max_steps >= 0:
-            steps = min(steps, trainer.max_steps - self._fit_start_step)
-        if not math.isfinite(steps):
-            raise LeanAgentError("the fit has no end (trainer.max_epochs and max_steps unset): the LR schedule needs one")
-        return max(1, int(steps))
+    def train_order(self) -> TrainOrder:
+        """Shuffled each epoch; a fit resumed from a mid-epoch checkpoint first finishes that epoch's batches."""
+        return TrainOrder("shuffled", self._resume_position)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        schedule = warmup_cosine(self.warmup_steps, self.fit_steps(), self._fit_start_step)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=-1)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return adamw_with_schedule(self.parameters(), self.lr, self.weight_decay, self.warmup_steps,
+                                   fit_steps(self.trainer, self._fit_start_epoch, self._fit_start_step), self._fit_start_step)
 
     def on_train_start(self) -> None:
-        """After a resume, the restored optimizer and scheduler carry the checkpoint's lr and weight decay:
-        the values this run was given win, and the LR follows this fit's schedule from its current step."""
-        optimizer = self.optimizers(use_pl_optimizer=False)
+        """This run's lr and weight decay win over a resumed optimizer's (schedule.override_restored)."""
         scheduler = self.lr_schedulers()
-        factor = scheduler.lr_lambdas[0](scheduler.last_epoch)
-        for group in optimizer.param_groups:
-            group["initial_lr"] = self.lr
-            group["lr"] = self.lr * factor
-            group["weight_decay"] = self.weight_decay
-        scheduler.base_lrs = [self.lr] * len(optimizer.param_groups)
-        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-        log.info(
-            "rank %d: LR schedule over %d optimizer steps from step %d (warmup %d, peak %g), now at step %d",
-            self.global_rank, self.fit_steps(), self._fit_start_step, self.warmup_steps, self.lr, scheduler.last_epoch,
-        )
+        override_restored(self.optimizers(use_pl_optimizer=False), scheduler, self.lr, self.weight_decay)
+        steps = fit_steps(self.trainer, self._fit_start_epoch, self._fit_start_step)
+        log.info("rank %d: LR schedule over %d optimizer steps from step %d (warmup %d, peak %g), now at step %d",
+                 self.global_rank, steps, self._fit_start_step, self.warmup_steps, self.lr, scheduler.last_epoch)
 
     def setup(self, stage: str) -> None:
-        """Refuse a monitored Recall@k that `num_retrieved` cannot measure, before any training."""
-        measured = {f"Recall@{k}" for k in recall_ks(self.num_retrieved)}
-        for callback in self.trainer.callbacks if self.trainer is not None and stage == "fit" else []:
-            monitor = getattr(callback, "monitor", None)
-            if isinstance(monitor, str) and monitor.startswith("Recall@") and monitor.split("_")[0] not in measured:
-                raise LeanAgentError(
-                    f"{type(callback).__name__} monitors {monitor}, but model.num_retrieved is {self.num_retrieved}, "
-                    f"so only {', '.join(sorted(measured))} are measured: raise num_retrieved or change the monitor"
-                )
+        if self.trainer is not None and stage == "fit":
+            check_monitors(self.trainer.callbacks, self.num_retrieved)
 
-    # Corpus embeddings, shared by validation, test and predict.
-    @torch.no_grad()
+    # Corpus embeddings, shared by validation, test and predict (corpus_embedding.py).
+    @property
+    def data(self) -> RetrievalData:
+        """The trainer's datamodule, through the interface the retriever reads (data_contract.py)."""
+        return self.trainer.datamodule
+
+    @property
+    def corpus_embeddings(self) -> torch.Tensor | None:
+        return self._corpus.matrix
+
     def embed_corpus(self) -> torch.Tensor:
-        """Each rank embeds every W-th premise; one all_gather assembles the [num_premises, dim] matrix."""
-        beat("corpus embedding")  # each forward below counts as progress (leanagent/faults/)
-        datamodule = self.trainer.datamodule
-        num_premises = len(datamodule.corpus)
-        world, rank = self.trainer.world_size, self.trainer.global_rank
-        mine = np.arange(rank, num_premises, world)
-        by_length = np.argsort(datamodule.corpus_tokens.lengths[mine], kind="stable")  # little padding per batch
-        # Epoch-start hooks run outside autocast: enter the trainer's precision (bf16 under bf16-mixed), the
-        # costliest part of an evaluation; the search re-scores its head in float32 (leanagent/retrieval/dense.py).
-        plugin = getattr(self.trainer, "precision_plugin", None)
-        with plugin.forward_context() if plugin is not None else contextlib.nullcontext():
-            chunks = [
-                self(batch["ids"].to(self.device), batch["mask"].to(self.device))
-                for batch in datamodule.corpus_dataloader(mine[by_length])
-            ]
-        local = torch.cat(chunks) if chunks else torch.zeros(0, self._embedding_dim(), device=self.device)
-        local = local[torch.from_numpy(np.argsort(by_length)).to(self.device)]
-        if world == 1:
-            return local
-        per_rank = math.ceil(num_premises / world)
-        padded = torch.zeros(per_rank, local.shape[1], device=self.device, dtype=local.dtype)
-        padded[: len(local)] = local
-        gathered = self.all_gather(padded)  # [world, per_rank, dim]
-        out = torch.empty(num_premises, local.shape[1], device=self.device, dtype=local.dtype)
-        for r in range(world):
-            count = len(range(r, num_premises, world))
-            out[r::world] = gathered[r, :count]
-        return out
-
-    def _embedding_dim(self) -> int:
-        return self.encoder.t5.config.d_model
+        """The [num_premises, dim] matrix of the current weights, each rank embedding its share."""
+        return embed_corpus(self, self.data, self.encoder.t5.config.d_model)
 
     def _ensure_corpus_embeddings(self) -> None:
-        """Embed the corpus once per weights and encoder input, not once per evaluation call.
-
-        Every in-place change of a parameter (optimizer step, load_state_dict) bumps its `_version`,
-        so the key changes whenever the weights may have, whoever changed them.
-        """
-        weights = tuple((p.data_ptr(), p._version) for p in self.encoder.parameters())
-        key = (weights, self.trainer.datamodule.corpus_fingerprint, str(self.device))
-        if self.corpus_embeddings is None or self._embedded_at != key:
-            self._search_corpus.clear()
-            self.corpus_embeddings = self.embed_corpus()
-            self._embedded_at = key
-
-    def search_embeddings(self) -> torch.Tensor:
-        """The corpus embeddings in the dtype this step's matmul runs in (bf16 under `bf16-mixed`).
-
-        Cast on the first batch of an evaluation (hooks outside the steps run without autocast) and
-        kept, so no batch casts the [num_premises, dim] matrix again.
-        """
-        return self._search_corpus.get(self.corpus_embeddings, search_dtype(self.device))
+        """Embed the corpus once per weights and encoder input, not once per evaluation call."""
+        self._corpus.ensure(self.encoder, self.data.corpus_fingerprint, self.device, self.embed_corpus)
 
     # Retrieval: dense, BM25 or hybrid scores over accessible premises, one masked top-k per batch.
     def _premise_set(self) -> str | None:
@@ -420,41 +239,28 @@ class PremiseRetriever(pl.LightningModule):
 
     @property
     def current_hybrid_weight(self) -> float:
-        """The weight validation chose for this premise set, else DEFAULT_HYBRID_WEIGHT (BM25).
+        """The weight validation chose for this premise set, else DEFAULT_HYBRID_WEIGHT (BM25; hybrid_weights.py)."""
+        return weight_for(self.hybrid_weights, self._premise_set())
 
-        A weight fitted on one dataset says nothing about how far to trust the encoder on another,
-        so on other premises hybrid is BM25 until `validate` or `fit` chooses a weight there.
-        """
-        return self.hybrid_weights.get(self._premise_set(), DEFAULT_HYBRID_WEIGHT)
-
-    def bm25_index(self) -> BM25Index:
-        """Built once per process and corpus content (a few seconds at 40k premises), kept in memory."""
-        datamodule = self.trainer.datamodule
-        key = datamodule.corpus_fingerprint
-        if self._bm25 is None or self._bm25[0] != key:
-            index = getattr(datamodule, "bm25_index", None)
-            self._bm25 = (key, index if isinstance(index, BM25Index) else BM25Index(datamodule.corpus))
-        return self._bm25[1]
+    def _mode_weight(self, mode: str) -> float:
+        return mode_weight(mode, self.hybrid_weights, self._premise_set())
 
     @torch.no_grad()
     def _fuser(self, batch: dict[str, torch.Tensor], dense: bool = True, sparse: bool = True) -> Fuser:
         """The batch's accessible mask and its dense and/or BM25 scores over all premises."""
-        datamodule = self.trainer.datamodule
-        accessible = datamodule.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
+        data = self.data
+        accessible = data.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
         cosines = sparse_scores = rescore = None
         if dense:
             queries = self(batch["query_ids"], batch["query_mask"])
-            corpus = self.search_embeddings()
+            corpus = self._corpus.for_search(self.device)
             cosines = dense_scores(queries, corpus)
             if corpus.dtype != self.corpus_embeddings.dtype:
                 rescore = functools.partial(rescore_head, queries=queries, corpus=self.corpus_embeddings)
         if sparse:
-            texts = datamodule.states(self._split).states
-            sparse_scores = self.bm25_index().scores([texts[i] for i in batch["index"].tolist()]).to(accessible.device)
+            texts = data.states(self._split).states
+            sparse_scores = data.bm25_index.scores([texts[i] for i in batch["index"].tolist()]).to(accessible.device)
         return Fuser(cosines, sparse_scores, accessible, rescore)
-
-    def _mode_weight(self, mode: str) -> float:
-        return MODE_WEIGHTS.get(mode, self.current_hybrid_weight)
 
     @torch.no_grad()
     def retrieve(self, batch: dict[str, torch.Tensor], mode: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -465,59 +271,31 @@ class PremiseRetriever(pl.LightningModule):
         Dense scores are cosines; under `bf16-mixed` the search runs in bf16 and its first
         `EXACT_HEAD` candidates are re-scored and re-sorted in float32 (leanagent/retrieval/dense.py).
         """
-        mode = mode or self.retrieval
-        weight = self._mode_weight(mode)
+        weight = self._mode_weight(mode or self.retrieval)
         fuser = self._fuser(batch, dense=weight > 0, sparse=weight < 1)
         return fuser.topk(weight, self.num_retrieved)
 
-    # Evaluation: per-example metrics stored by example index, summed over ranks once per epoch.
-    # Columns are fusion weights: on val the whole HYBRID_GRID (1 = dense, 0 = BM25), on test
-    # dense, BM25 and the stored hybrid weight; every column of every example is all-reduced at once.
+    # Evaluation: every example at every weight, reduced over ranks once per epoch (ranking_eval.py).
     def _start_eval(self, split: str) -> None:
         self._ensure_corpus_embeddings()
         self._split = split
-        current = self.current_hybrid_weight
-        self._eval_weights = sorted({*HYBRID_GRID, current}) if split == "val" else [1.0, 0.0, current]
-        size = len(self.trainer.datamodule.states(split))
-        names = metric_names(self.num_retrieved)
-        self._eval_values = torch.zeros(size, len(self._eval_weights), len(names) + 1, device=self.device)
-        self._eval_seen = torch.zeros(size, device=self.device)
+        weights = evaluation_weights(split, self.current_hybrid_weight)
+        self._evaluation = RankingEvaluation(len(self.data.states(split)), weights, self.num_retrieved, self.device)
 
     def _eval_step(self, batch: dict[str, torch.Tensor]) -> None:
-        fuser = self._fuser(batch)
-        ks = recall_ks(self.num_retrieved)
-        for column, weight in enumerate(self._eval_weights):
-            retrieved, _ = fuser.topk(weight, self.num_retrieved)
-            self._eval_values[batch["index"], column] = retrieval_metrics(retrieved, batch["positives"], ks).to(self.device)
-        self._eval_seen[batch["index"]] = 1.0
+        self._evaluation.add(self._fuser(batch), batch["index"], batch["positives"])
 
     def _end_eval(self, suffix: str) -> dict[str, float]:
-        size, columns, width = self._eval_values.shape
-        summed = torch.cat([self._eval_values.reshape(size, -1), self._eval_seen[:, None]], dim=1)
-        if dist.is_available() and dist.is_initialized() and self.trainer.world_size > 1:
-            dist.all_reduce(summed)
-        seen = summed[:, -1]
-        per_example = (summed[:, :-1][seen > 0] / seen[seen > 0, None]).reshape(-1, columns, width)  # a duplicate counts once
-        with_positives = per_example[:, 0, -1] > 0
-        count = int(with_positives.sum())
-        names = metric_names(self.num_retrieved)
-        means = per_example[with_positives, :, :-1].mean(dim=0) if count else torch.zeros(columns, len(names))
-        by_weight = {w: means[c] for c, w in enumerate(self._eval_weights)}
-        self.eval_by_weight = {w: [float(v) for v in values] for w, values in by_weight.items()}  # for benchmarks
+        evaluation = self._evaluation
+        per_example = evaluation.finish(self.trainer.world_size)
+        self.eval_by_weight = evaluation.means(per_example)
         if suffix == "val" and not self.trainer.sanity_checking:
-            examples = per_example[with_positives, :, :-1]
-            weight = choose_weight({w: examples[:, c] for c, w in enumerate(self._eval_weights)})
-            self.hybrid_weights[self._premise_set()] = weight
-        # The plain names are the learner's own ranking (dense), whatever `retrieval` makes predict write:
-        # they are what checkpoints and early stopping follow, and no fallback can hold them up.
-        results = {f"{name}_{suffix}": float(v) for name, v in zip(names, by_weight[MODE_WEIGHTS["dense"]])}
-        for mode in BASELINE_MODES:
-            values = by_weight[self._mode_weight(mode)]
-            results.update({f"{name}_{suffix}/{mode}": float(v) for name, v in zip(names, values)})
-        results[f"hybrid_weight_{suffix}"] = self.current_hybrid_weight
+            by_weight = {w: per_example[:, c] for c, w in enumerate(evaluation.weights)}
+            self.hybrid_weights[self._premise_set()] = choose_weight(by_weight)
+        results = logged_metrics(suffix, evaluation.names, self.eval_by_weight, self._mode_weight, self.current_hybrid_weight)
         for name, value in results.items():
             self.log(name, value, prog_bar=name == f"Recall@10_{suffix}", sync_dist=True)
-        self.log(f"num_evaluated_{suffix}", float(count), sync_dist=True)
+        self.log(f"num_evaluated_{suffix}", float(len(per_example)), sync_dist=True)
         return results
 
     def on_validation_epoch_start(self) -> None:
@@ -547,26 +325,11 @@ class PremiseRetriever(pl.LightningModule):
         retrieved, scores = self.retrieve(batch)
         return {"index": batch["index"].cpu(), "retrieved": retrieved.cpu(), "scores": scores.float().cpu()}
 
-    # Checkpoints: the fit's plan goes in; one made for another architecture is refused.
+    # Checkpoints: the fit's plan and the hybrid weights go in; one made for another architecture is refused.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._save_hybrid_weight(checkpoint)
-        trainer = self.trainer
-        if trainer.state.fn != TrainerFn.FITTING:
-            return
-        epoch_done = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
-        last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
-        state = FitState(
-            start_epoch=self._fit_start_epoch,
-            start_step=self._fit_start_step,
-            max_epochs=int(trainer.max_epochs if trainer.max_epochs is not None else -1),
-            finished=epoch_done and (last_epoch or trainer.should_stop),
-        )
-        checkpoint[FIT_STATE_KEY] = {
-            **state.as_dict(),
-            # Where in the epoch this checkpoint was taken (a preemption saves mid-epoch), for an exact resume.
-            "epoch": trainer.current_epoch,
-            "batches_done": int(trainer.fit_loop.epoch_loop.batch_progress.current.processed),
-        }
+        save_hybrid_weights(checkpoint, self.hybrid_weights)
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            checkpoint[FIT_STATE_KEY] = fit_state_entry(self.trainer, self._fit_start_epoch, self._fit_start_step)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
@@ -577,34 +340,18 @@ class PremiseRetriever(pl.LightningModule):
                 log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
                          "wait count and patience)", ", ".join(k.split("{")[0] for k in cleared))
         if self.ewc is not None:
-            state = checkpoint.get("state_dict", {})
-            moved = [n for n in self.ewc.names if n in state and not torch.equal(state[n].float(), self.ewc.theta_star[n].cpu())]
+            moved = self.ewc.differing(checkpoint.get("state_dict", {}))
             if moved and self.global_rank == 0:  # every rank loads the checkpoint; one warning is enough
                 log.warning(
                     "EWC: this fit starts from weights other than the Fisher's theta* (%d of %d tensors differ, e.g. %s); "
                     "the penalty pulls towards %s", len(moved), len(self.ewc.names), moved[0], self.ewc.source,
                 )
-        saved = checkpoint.get(FIT_STATE_KEY) or {}
-        # Read by the data module when it builds the training loader (before Lightning restores its loops).
-        self.resume_position = (int(saved["epoch"]), int(saved["batches_done"])) if "batches_done" in saved else None
+        # Read by the data module (train_order) when it builds the training loader, before Lightning restores its loops.
+        self._resume_position = resume_position(checkpoint)
         saved = checkpoint.get("hyper_parameters", {}).get("model_name")
         if saved is not None and saved != self.model_name:
             raise LeanAgentError(
                 f"checkpoint was trained with model_name '{saved}', but model.model_name is '{self.model_name}'"
             )
         check_state_dict(checkpoint.get("state_dict", {}), self.state_dict(), "checkpoint")
-        self._load_hybrid_weight(checkpoint)
-
-    # The hybrid weights chosen on validation travel in the checkpoint, keyed by premise set.
-    def _save_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
-        if self.hybrid_weights:
-            checkpoint["hybrid_weights"] = dict(self.hybrid_weights)
-
-    def _load_hybrid_weight(self, checkpoint: dict[str, Any]) -> None:
-        """Valid entries only; older checkpoints (one weight keyed by corpus file bytes) carry none that count."""
-        stored = checkpoint.get("hybrid_weights")
-        stored = stored if isinstance(stored, dict) else {}
-        self.hybrid_weights = {
-            key: float(w) for key, w in stored.items()
-            if isinstance(key, str) and isinstance(w, (int, float)) and 0.0 <= w <= 1.0
-        }
+        self.hybrid_weights = load_hybrid_weights(checkpoint)

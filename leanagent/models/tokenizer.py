@@ -19,19 +19,9 @@ class ByteTokenizer:
     offset = 3
     identity = "byt5-bytes"
 
-    def encode(self, texts: Sequence[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.full((len(texts), max_len), PAD_ID, dtype=np.int32)
-        lengths = np.empty(len(texts), dtype=np.int32)
-        for i, text in enumerate(texts):
-            raw = np.frombuffer(text.encode("utf-8")[: max_len - 1], dtype=np.uint8)
-            n = len(raw)
-            ids[i, :n] = raw.astype(np.int32) + self.offset
-            ids[i, n] = self.eos_id
-            lengths[i] = n + 1
-        return ids, lengths
-
     def encode_ragged(self, texts: Sequence[str], max_len: int) -> tuple[np.ndarray, np.ndarray]:
-        """The same rows as `encode`, unpadded: (flat uint16 tokens, int64 offsets of N+1 row starts)."""
+        """Each text's UTF-8 bytes + 3, cut to `max_len` - 1, then EOS; unpadded: (flat uint16 tokens,
+        int64 offsets of N+1 row starts)."""
         raws = [text.encode("utf-8")[: max_len - 1] for text in texts]
         offsets = np.zeros(len(raws) + 1, dtype=np.int64)
         np.cumsum(np.fromiter((len(r) + 1 for r in raws), dtype=np.int64, count=len(raws)), out=offsets[1:])
@@ -55,18 +45,8 @@ class HFTokenizer:
             raise LeanAgentError(f"cannot load the tokenizer of model_name '{model_name}': {e}") from None
         self.identity = f"hf:{model_name}:{type(self.tokenizer).__name__}:{len(self.tokenizer)}"
 
-    def encode(self, texts: Sequence[str], max_len: int, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.full((len(texts), max_len), PAD_ID, dtype=np.int32)
-        lengths = np.empty(len(texts), dtype=np.int32)
-        for lo in range(0, len(texts), chunk):
-            out = self.tokenizer(list(texts[lo : lo + chunk]), max_length=max_len, truncation=True)["input_ids"]
-            for i, row in enumerate(out, start=lo):
-                ids[i, : len(row)] = row
-                lengths[i] = len(row)
-        return ids, lengths
-
     def encode_ragged(self, texts: Sequence[str], max_len: int, chunk: int = 4096) -> tuple[np.ndarray, np.ndarray]:
-        """The same rows as `encode`, unpadded: (flat tokens, uint16 when the vocabulary allows; int64 offsets)."""
+        """The tokenizer's ids of each text, unpadded: (flat tokens, uint16 when the vocabulary allows; int64 offsets)."""
         rows: list[np.ndarray] = []
         for lo in range(0, len(texts), chunk):
             out = self.tokenizer(list(texts[lo : lo + chunk]), max_length=max_len, truncation=True)["input_ids"]
@@ -80,15 +60,3 @@ class HFTokenizer:
 
 def load_tokenizer(model_name: str) -> ByteTokenizer | HFTokenizer:
     return ByteTokenizer() if is_preset(model_name) else HFTokenizer(model_name)
-
-
-def gather_tokens(ids: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of a pre-tokenized table, trimmed to the longest one; row -1 gives an all-padding row."""
-    safe = np.where(rows >= 0, rows, 0)
-    width = int(max(lengths[safe].max(initial=1), 1))
-    out = ids[safe, :width].copy()
-    mask = (np.arange(width)[None, :] < lengths[safe][:, None]).astype(np.int64)
-    out[rows < 0] = PAD_ID
-    mask[rows < 0] = 0
-    mask[rows < 0, 0] = 1
-    return out.astype(np.int64), mask

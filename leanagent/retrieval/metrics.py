@@ -36,5 +36,3 @@ def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor, ks: tupl
     columns.append(scored.amax(dim=1))
     has_positive = (num_pos > 0).float()
     return torch.stack([c * has_positive for c in columns] + [has_positive], dim=1)
-
-METRIC_NAMES = metric_names(max(RECALL_AT))

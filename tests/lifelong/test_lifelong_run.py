@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from leanagent.models.retriever import warmup_cosine
+from leanagent.models.schedule import warmup_cosine
 from tests.conftest import BUNDLED, REPO
 
 pytestmark = pytest.mark.slow  # real subprocesses

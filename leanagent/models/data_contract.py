@@ -1,0 +1,75 @@
+"""What the models need from the data side, and what they tell it: the one contract between models/ and data/.
+
+The retriever reads its corpus, tactic states and BM25 index through `RetrievalData`, which
+data/datamodule.py implements; a training module tells the data side how to order training pairs
+by `train_order()` (`OrdersTraining`). Nothing else crosses between the two.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import TacticStates
+from leanagent.retrieval.bm25 import BM25Index
+
+
+@dataclass(frozen=True)
+class TrainOrder:
+    """How the training loader must hand out pairs to the module being fit.
+
+    `shuffled`: a new seeded order each epoch; `resume` = (epoch, batches done) of a mid-epoch
+    checkpoint, whose remaining batches come first. `in_order`: the dataset's order, every epoch
+    (a quantity that depends on batch order stays reproducible). `single_pass`: each pair on
+    exactly one rank, shards padded to equal length with copies marked `padding`.
+    """
+
+    how: Literal["shuffled", "in_order", "single_pass"] = "shuffled"
+    resume: tuple[int, int] | None = None
+
+
+@runtime_checkable
+class OrdersTraining(Protocol):
+    """A LightningModule that needs its training pairs in a particular order."""
+
+    def train_order(self) -> TrainOrder: ...
+
+
+class TokenLengths(Protocol):
+    lengths: np.ndarray  # tokens of each row
+
+
+class RetrievalData(Protocol):
+    """The data the retriever evaluates and predicts on (implemented by `RetrievalDataModule`)."""
+
+    @property
+    @abstractmethod
+    def corpus(self) -> Corpus: ...
+
+    @property
+    @abstractmethod
+    def corpus_fingerprint(self) -> str:
+        """Changes whenever the encoder's input for the corpus may: corpus embeddings are cached by it."""
+
+    @property
+    @abstractmethod
+    def corpus_tokens(self) -> TokenLengths: ...
+
+    @property
+    @abstractmethod
+    def bm25_index(self) -> BM25Index:
+        """The one BM25 index of this corpus in the process (hard negatives and BM25/hybrid ranking share it)."""
+
+    @abstractmethod
+    def states(self, split: str) -> TacticStates:
+        """Tactic states of `val`, `test`, `train` or `predict`, in the order their batches index them."""
+
+    @abstractmethod
+    def corpus_dataloader(self, premise_ids: np.ndarray) -> Iterable[dict[str, torch.Tensor]]:
+        """Batches {"premise_ids", "ids", "mask"} of the given premises, in the order given."""
