@@ -32,7 +32,6 @@ with 4 ranks peaked at 3.26 GB RSS / 2.76 GB PSS. Fit with 2 ranks was not measu
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -42,6 +41,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.arguments import benchmark_parser
 from leanagent.corpus.import_order import imports_first
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str], interval: float, lim
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = benchmark_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["mathlib-order", "synthetic-100k"],
                         help="mathlib-order, synthetic-100k, or a folder with corpus.jsonl and random/")
     parser.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-batches", type=int, default=2)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--limit-gb", type=float, default=20.0)
-    parser.add_argument("--warm-cache", action="store_true",
+    parser.add_argument("--warm-cache", type=bool, default=False,
                         help="use the default token cache (already built by earlier runs) instead of a fresh one per run")
     parser.add_argument("--extra", nargs="*", default=[], help="more arguments for main.py")
     args = parser.parse_args(argv)

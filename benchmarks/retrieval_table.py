@@ -14,10 +14,12 @@ embedding, BM25 index and all three rankings included).
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
+from jsonargparse import Namespace
+
+from benchmarks.arguments import add_optional_positional, benchmark_parser, value_or
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluate, evaluation_trainer
@@ -28,13 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = benchmark_parser(__doc__)
     parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("datasets", nargs="*", type=Path, default=[REPO / "data" / "batteries"])
+    add_optional_positional(parser, "datasets", "*", type=Path, help="dataset folders (default: the bundled one)")
     parser.add_argument("--split-dir", default="random")
     parser.add_argument("--precision", default="32-true")
     parser.add_argument("--eval-batch-size", type=int, default=64)
     args = parser.parse_args()
+    args.datasets = value_or(args, "datasets", [REPO / "data" / "batteries"])
     rows, grids = [], []
     for dataset in args.datasets:
         model = load_retriever(args.checkpoint)  # fresh per dataset: the checkpoint's own hybrid weight
@@ -62,7 +65,7 @@ def main() -> None:
         _table(args, rows, grids)  # after each dataset, so a long run shows what it has
 
 
-def _table(args: argparse.Namespace, rows: list[tuple], grids: list[str]) -> None:
+def _table(args: Namespace, rows: list[tuple], grids: list[str]) -> None:
     print("\n" + "\n".join(grids))
     print(f"\ncheckpoint {args.checkpoint}, split folder {args.split_dir}; hybrid weight: test = the checkpoint's "
           "(0 = BM25 on premises other than those it was chosen on), val = chosen on this val split")

@@ -17,12 +17,14 @@ matches its effective batch of 128 and its ~11 steps per epoch. Run from the rep
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import pytorch_lightning as pl
 import torch
 
+from jsonargparse import Namespace
+
+from benchmarks.arguments import benchmark_parser
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluate
 from leanagent.models.losses import LOSSES
@@ -69,12 +71,8 @@ class Report(pl.Callback):
         )
 
 
-def batches(value: str) -> int | float:
-    return float(value) if "." in value else int(value)
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args() -> Namespace:
+    p = benchmark_parser(__doc__)
     p.add_argument("--loss", choices=LOSSES, default="mse")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup-steps", type=int, default=2)
@@ -83,7 +81,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--accumulate", type=int, default=4)
     p.add_argument("--max-seq-len", type=int, default=512)
-    p.add_argument("--limit-train-batches", type=batches, default=None, help="int = batches, float = fraction")
+    p.add_argument("--limit-train-batches", type=int | float | None, default=None, help="int = batches, float = fraction")
     p.add_argument("--data-path", default="data/batteries/random")
     p.add_argument("--corpus-path", default="data/batteries/corpus.jsonl")
     p.add_argument("--precision", default="bf16-mixed")
