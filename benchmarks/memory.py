@@ -26,7 +26,7 @@ from one per-node cache):
     synthetic-100k    100,018  validate  4      4.03 -> 3.32 3.60 -> 2.79 402 s -> 306 s
     synthetic-100k    100,018  validate  2      2.03 -> 1.93 1.84 -> 1.72 407 s -> 324 s
 
-With the cache already built (`--warm-cache`, a second run on the node), synthetic-100k validate
+With the cache already built (`--warm-cache true`, a second run on the node), synthetic-100k validate
 with 4 ranks peaked at 3.26 GB RSS / 2.76 GB PSS. Fit with 2 ranks was not measured.
 """
 
