@@ -73,21 +73,44 @@ def toy_dataset(tmp_path: Path) -> Path:
     return write_dataset(tmp_path / "toy", toy_corpus(), {"train": train, "val": val, "test": test})
 
 
-def write_subset(root: Path, n_train: int, n_eval: int) -> Path:
-    """The bundled corpus with the first theorems of each split: real data, small enough for CPU tests."""
+# Files whose theorems the small datasets hold: together with everything they import, 17 of the bundled
+# corpus's files and about a sixth of its premises, so that embedding the corpus (every evaluation does)
+# stays cheap while states, positives and imports are real.
+SMALL_FILES = (
+    "Batteries/Data/UnionFind/Basic.lean", "Batteries/Data/UnionFind/Lemmas.lean", "Batteries/Data/Fin/Fold.lean",
+    "Batteries/Data/AssocList.lean", "Batteries/Data/Nat/Lemmas.lean", "Batteries/Data/Float/Lemmas.lean", "Batteries/Logic.lean",
+)
+
+
+def corpus_closure(files: tuple[str, ...] | list[str]) -> list[dict]:
+    """The bundled corpus's records of `files` and every file they import, transitively, in corpus order."""
+    records = [json.loads(line) for line in (BUNDLED / "corpus.jsonl").read_text().splitlines() if line.strip()]
+    by_path = {r["path"]: r for r in records}
+    keep: set[str] = set()
+    todo = list(files)
+    while todo:
+        path = todo.pop()
+        if path not in keep:
+            keep.add(path)
+            todo.extend(by_path[path]["imports"])
+    return [r for r in records if r["path"] in keep]
+
+
+def write_subset(root: Path, n_train: int, n_eval: int, files: tuple[str, ...] | list[str] = SMALL_FILES) -> Path:
+    """The first theorems with premises of `files` in each bundled split, and the part of the corpus they can see."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "corpus.jsonl").write_bytes((BUNDLED / "corpus.jsonl").read_bytes())
+    (root / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus_closure(files)))
     (root / "random").mkdir(exist_ok=True)
     for name, n in (("train", n_train), ("val", n_eval), ("test", n_eval)):
         theorems = json.loads((BUNDLED / "random" / f"{name}.json").read_text())
-        with_premises = [t for t in theorems if any(tt["annotated_tactic"][1] for tt in t["traced_tactics"])]
-        (root / "random" / f"{name}.json").write_text(json.dumps(with_premises[:n]))
+        picked = [t for t in theorems if t["file_path"] in files and any(tt["annotated_tactic"][1] for tt in t["traced_tactics"])]
+        (root / "random" / f"{name}.json").write_text(json.dumps(picked[:n]))
     return root
 
 
 @pytest.fixture(scope="session")
 def mini_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_subset(tmp_path_factory.mktemp("mini") / "batteries-mini", n_train=24, n_eval=12)
+    return write_subset(tmp_path_factory.mktemp("mini") / "batteries-mini", n_train=20, n_eval=12)
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
