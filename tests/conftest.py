@@ -147,3 +147,27 @@ def retriever_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hparams = {"_class_path": "leanagent.models.retriever.PremiseRetriever", **model.hparams}  # as LightningCLI saves it
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": pl.__version__}, path)
     return path
+
+
+def small_fit_args(dataset: Path, devices: int = 2, num_workers: int = 0) -> list[str]:
+    """`main.py fit` on a small dataset: the shipped recipe, 2 epochs of batch 4, float32 for exact comparisons."""
+    return [
+        "fit", "--config", str(REPO / "configs" / "retrieval.yaml"), "--trainer.accelerator=cpu", f"--trainer.devices={devices}",
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.accumulate_grad_batches=1", f"--data.data_path={dataset / 'random'}",
+        f"--data.corpus_path={dataset / 'corpus.jsonl'}", "--data.max_seq_len=64", "--data.batch_size=4",
+        "--progressive.epochs_per_repo=2", f"--data.num_workers={num_workers}",
+    ]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, mini_dataset: Path) -> tuple[Path, str]:
+    """One real 2-rank fit of `small_fit_args(mini_dataset)`, shared by the end-to-end tests: (its folder, its stderr).
+
+    Tests read its files and copy its checkpoint; none writes into its folder, so test order does not matter.
+    """
+    folder = tmp_path_factory.mktemp("trained")
+    result = run_cli(small_fit_args(mini_dataset), cwd=folder)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return folder, result.stderr
+
