@@ -73,21 +73,44 @@ def toy_dataset(tmp_path: Path) -> Path:
     return write_dataset(tmp_path / "toy", toy_corpus(), {"train": train, "val": val, "test": test})
 
 
-def write_subset(root: Path, n_train: int, n_eval: int) -> Path:
-    """The bundled corpus with the first theorems of each split: real data, small enough for CPU tests."""
+# Files whose theorems the small datasets hold: together with everything they import, 17 of the bundled
+# corpus's files and about a sixth of its premises, so that embedding the corpus (every evaluation does)
+# stays cheap while states, positives and imports are real.
+SMALL_FILES = (
+    "Batteries/Data/UnionFind/Basic.lean", "Batteries/Data/UnionFind/Lemmas.lean", "Batteries/Data/Fin/Fold.lean",
+    "Batteries/Data/AssocList.lean", "Batteries/Data/Nat/Lemmas.lean", "Batteries/Data/Float/Lemmas.lean", "Batteries/Logic.lean",
+)
+
+
+def corpus_closure(files: tuple[str, ...] | list[str]) -> list[dict]:
+    """The bundled corpus's records of `files` and every file they import, transitively, in corpus order."""
+    records = [json.loads(line) for line in (BUNDLED / "corpus.jsonl").read_text().splitlines() if line.strip()]
+    by_path = {r["path"]: r for r in records}
+    keep: set[str] = set()
+    todo = list(files)
+    while todo:
+        path = todo.pop()
+        if path not in keep:
+            keep.add(path)
+            todo.extend(by_path[path]["imports"])
+    return [r for r in records if r["path"] in keep]
+
+
+def write_subset(root: Path, n_train: int, n_eval: int, files: tuple[str, ...] | list[str] = SMALL_FILES) -> Path:
+    """The first theorems with premises of `files` in each bundled split, and the part of the corpus they can see."""
     root.mkdir(parents=True, exist_ok=True)
-    (root / "corpus.jsonl").write_bytes((BUNDLED / "corpus.jsonl").read_bytes())
+    (root / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in corpus_closure(files)))
     (root / "random").mkdir(exist_ok=True)
     for name, n in (("train", n_train), ("val", n_eval), ("test", n_eval)):
         theorems = json.loads((BUNDLED / "random" / f"{name}.json").read_text())
-        with_premises = [t for t in theorems if any(tt["annotated_tactic"][1] for tt in t["traced_tactics"])]
-        (root / "random" / f"{name}.json").write_text(json.dumps(with_premises[:n]))
+        picked = [t for t in theorems if t["file_path"] in files and any(tt["annotated_tactic"][1] for tt in t["traced_tactics"])]
+        (root / "random" / f"{name}.json").write_text(json.dumps(picked[:n]))
     return root
 
 
 @pytest.fixture(scope="session")
 def mini_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_subset(tmp_path_factory.mktemp("mini") / "batteries-mini", n_train=24, n_eval=12)
+    return write_subset(tmp_path_factory.mktemp("mini") / "batteries-mini", n_train=20, n_eval=12)
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -124,3 +147,27 @@ def retriever_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hparams = {"_class_path": "leanagent.models.retriever.PremiseRetriever", **model.hparams}  # as LightningCLI saves it
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": pl.__version__}, path)
     return path
+
+
+def small_fit_args(dataset: Path, devices: int = 2, num_workers: int = 0) -> list[str]:
+    """`main.py fit` on a small dataset: the shipped recipe, 2 epochs of batch 4, float32 for exact comparisons."""
+    return [
+        "fit", "--config", str(REPO / "configs" / "retrieval.yaml"), "--trainer.accelerator=cpu", f"--trainer.devices={devices}",
+        "--trainer.precision=32-true", "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.accumulate_grad_batches=1", f"--data.data_path={dataset / 'random'}",
+        f"--data.corpus_path={dataset / 'corpus.jsonl'}", "--data.max_seq_len=64", "--data.batch_size=4",
+        "--progressive.epochs_per_repo=2", f"--data.num_workers={num_workers}",
+    ]
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, mini_dataset: Path) -> tuple[Path, str]:
+    """One real 2-rank fit of `small_fit_args(mini_dataset)`, shared by the end-to-end tests: (its folder, its stderr).
+
+    Tests read its files and copy its checkpoint; none writes into its folder, so test order does not matter.
+    """
+    folder = tmp_path_factory.mktemp("trained")
+    result = run_cli(small_fit_args(mini_dataset), cwd=folder)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return folder, result.stderr
+

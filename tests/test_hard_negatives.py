@@ -95,8 +95,34 @@ def test_datamodule_mixes_mined_negatives_into_training_batches(mini_dataset):
         hits += int(np.isin(item["negatives"][:2], pool[pool >= 0]).all())
         assert not np.isin(item["negatives"], dm.states("train").positives[item["state"]]).any()
     assert hits >= len(pairs) // 2
-    batch = dm.collate_train([pairs[i] for i in range(4)])
-    assert batch["cand_ids"].shape[0] == 4 * 4 and torch.isfinite(batch["labels"]).all()
+    items = [pairs[i] for i in range(4)]
+    batch = dm.collate_train(items)
+    assert batch["cand_ids"].shape[0] == 4 * 4
+    # Query i's own positive is candidate 4 i, and a candidate is labelled 1 exactly when it is one of i's positives.
+    candidates = batch["cand_premises"].tolist()
+    for i, item in enumerate(items):
+        positives = set(dm.states("train").positives[item["state"]])
+        expected = [float(c in positives) for c in candidates]
+        assert batch["labels"][i].tolist() == expected and expected[4 * i] == 1.0
+
+
+def test_no_negative_is_another_positive_of_the_same_state(toy_dataset):
+    """t1's first state has positives a1 and c1: the pair for a1 draws two negatives outside A from
+    b1 b2 b3 c1, so a sampler blind to the state's other positives drew c1 in about half its items."""
+    dm = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                             num_negatives=3, num_in_file_negatives=1, num_hard_negatives=0, max_seq_len=32)
+    pairs, states = dm.train_pairs, dm.states("train")
+    several = [i for i in range(len(pairs)) if len(states.positives[pairs[i]["state"]]) > 1]
+    assert len(several) >= 2
+    drawn = set()
+    for epoch in range(20):
+        pairs.epoch = epoch
+        for index in several:
+            item = pairs[index]
+            real = item["negatives"][item["negatives"] >= 0].tolist()
+            assert not set(real) & set(states.positives[item["state"]]), (epoch, index, real)
+            drawn.update(real)
+    assert len(drawn) >= 3  # negatives were really drawn, not all padding
 
 
 @pytest.mark.parametrize("hard, pool, message", [(4, 32, "num_hard_negatives"), (2, 1, "hard_negative_pool")])

@@ -35,6 +35,20 @@ def test_negatives_are_accessible_distinct_and_never_the_positive(corpus):
         assert len(in_file) == 1  # exactly num_in_file from the positive's file (B has b1, b3 too)
 
 
+def test_no_negative_is_any_positive_of_the_state(corpus):
+    """A state in C at line 40 with positives a1 a2 b1 b2 c1 leaves a3, b3 and c2 as its only negatives."""
+    sampler = NegativeSampler(corpus, num_negatives=3, num_in_file=1, num_hard=1)
+    c, pos = corpus.file_index["C.lean"], position_key([40, 1], "p")
+    positives = [pid(corpus, n) for n in ("a1", "a2", "b1", "b2", "c1")]
+    rest = {pid(corpus, n) for n in ("a3", "b3", "c2")}
+    pool = np.array([pid(corpus, "a2"), pid(corpus, "b3"), -1])  # a2, another positive, is in the mined pool
+    for seed in range(50):
+        for positive in positives:
+            negatives = sampler.sample(c, pos, positive, np.random.default_rng(seed), pool, positives=positives)
+            assert set(negatives.tolist()) == rest, (seed, positive, negatives)
+            assert negatives[0] == pid(corpus, "b3")  # the hard one, not the positive a2
+
+
 def test_every_accessible_candidate_can_be_drawn_uniformly(corpus):
     """Out-of-file draws cover the union of imported ranges and own-file premises, each about equally often."""
     sampler = NegativeSampler(corpus, num_negatives=1, num_in_file=0)

@@ -76,7 +76,7 @@ class TrainingPairs(Dataset):
         rng = np.random.default_rng([self.seed, self.epoch, index])
         negatives = self.sampler.sample(
             self.states.file_ids[state], self.states.pos_keys[state], positive, rng,
-            None if self.hard_pools is None else self.hard_pools[state],
+            None if self.hard_pools is None else self.hard_pools[state], positives=self.states.positives[state],
         )
         return {"index": index, "state": state, "positive": positive, "negatives": negatives}
 

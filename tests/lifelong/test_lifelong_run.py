@@ -1,4 +1,5 @@
-"""A 3-stage lifelong run end to end (2 gloo ranks per stage, EWC on), killed after stage 1 and resumed."""
+"""A 2-stage lifelong run end to end (2 gloo ranks per stage, EWC on): killed in stage 1 and resumed, and
+stopped by Ctrl-C in stage 0 and resumed, each equal to one uninterrupted run of the same command."""
 
 from __future__ import annotations
 
@@ -16,23 +17,19 @@ import pytest
 import torch
 
 from leanagent.models.schedule import warmup_cosine
-from tests.conftest import BUNDLED, REPO
+from tests.conftest import REPO, write_subset
 
 pytestmark = pytest.mark.slow  # real subprocesses
 
-FOLDERS = {"list": "Batteries/Data/List/", "string": "Batteries/Data/String/", "rbtree": "Batteries/Recycling/RBTree/"}
+# Two repositories with few premises in reach (corpus embedding is most of each evaluation's cost).
+FILES = {"unionfind": ("Batteries/Data/UnionFind/Basic.lean", "Batteries/Data/UnionFind/Lemmas.lean"),
+         "assoc": ("Batteries/Data/AssocList.lean",)}
 
 
 def tiny_repositories(root: Path) -> Path:
-    """Three small repositories cut from the bundled dataset by folder: real data, a few theorems each."""
-    for name, prefix in FOLDERS.items():
-        target = root / name / "random"
-        target.mkdir(parents=True)
-        (root / name / "corpus.jsonl").write_bytes((BUNDLED / "corpus.jsonl").read_bytes())
-        for split, n in (("train", 10), ("val", 4), ("test", 4)):
-            theorems = json.loads((BUNDLED / "random" / f"{split}.json").read_text())
-            picked = [t for t in theorems if t["file_path"].startswith(prefix) and any(tt["annotated_tactic"][1] for tt in t["traced_tactics"])]
-            (target / f"{split}.json").write_text(json.dumps(picked[:n]))
+    """Two small repositories cut from the bundled dataset by file: real data, a few theorems each."""
+    for name, files in FILES.items():
+        write_subset(root / name, n_train=8, n_eval=3, files=files)
     return root
 
 
@@ -40,7 +37,7 @@ def command(repos: Path, out: Path) -> list[str]:
     stage_args = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--data.max_seq_len=32", "--data.batch_size=2",
                   "--trainer.accumulate_grad_batches=1", "--trainer.enable_model_summary=false"]
     return [sys.executable, str(REPO / "main.py"), "lifelong", "--config", str(REPO / "configs" / "lifelong.yaml"),
-            f"--output_dir={out}", f"--repositories.data_root={repos}", "--repositories.names=[list, string, rbtree]",
+            f"--output_dir={out}", f"--repositories.data_root={repos}", "--repositories.names=[unionfind, assoc]",
             "--repositories.bundled=null", "--order=given", "--ewc.enabled=true", "--ewc.ewc_lambda=10.0",
             f"--stage_args={json.dumps(stage_args)}",
             f"--retrieval_config={REPO / 'configs' / 'retrieval.yaml'}", f"--fisher_config={REPO / 'configs' / 'fisher.yaml'}"]
@@ -55,7 +52,16 @@ def repos(tmp_path_factory) -> Path:
     return tiny_repositories(tmp_path_factory.mktemp("repos"))
 
 
-def test_killed_after_stage_one_then_resumed_equals_an_uninterrupted_run(repos, tmp_path):
+@pytest.fixture(scope="module")
+def straight(repos, tmp_path_factory) -> Path:
+    """The output folder of one uninterrupted run, which both interrupted runs must reproduce."""
+    folder = tmp_path_factory.mktemp("straight")
+    result = run(repos, folder / "out", folder)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return folder / "out"
+
+
+def test_killed_in_stage_one_then_resumed_equals_an_uninterrupted_run(repos, straight, tmp_path):
     interrupted = tmp_path / "interrupted"
     process = subprocess.Popen(command(repos, interrupted), cwd=tmp_path, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -65,7 +71,7 @@ def test_killed_after_stage_one_then_resumed_equals_an_uninterrupted_run(repos, 
         if state.is_file() and len(json.loads(state.read_text())["stages"]) >= 1:
             break
         time.sleep(0.5)
-    time.sleep(2)  # well into stage 2's fit
+    time.sleep(2)  # well into stage 1's fit
     os.killpg(process.pid, signal.SIGKILL)  # the orchestrator and every DDP rank, like a power cut
     process.wait()
     assert len(json.loads(state.read_text())["stages"]) == 1
@@ -74,33 +80,31 @@ def test_killed_after_stage_one_then_resumed_equals_an_uninterrupted_run(repos, 
     resumed = run(repos, interrupted, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "stage 0 fit" not in resumed.stderr  # finished stages are not redone
-    straight = run(repos, tmp_path / "straight", tmp_path)
-    assert straight.returncode == 0, straight.stderr[-4000:]
 
     a = json.loads((interrupted / "results.json").read_text())
-    b = json.loads((tmp_path / "straight" / "results.json").read_text())
-    assert a["order"] == b["order"] == ["list", "string", "rbtree"]
-    assert len(a["evaluations"]) == 3 + 2 + 1 + 3  # test on every seen repository, val on the current one
+    b = json.loads((straight / "results.json").read_text())
+    assert a["order"] == b["order"] == ["unionfind", "assoc"]
+    assert len(a["evaluations"]) == 2 + 1 + 2  # test on every seen repository, val on the current one
     assert_same_rows(a["evaluations"], b["evaluations"])
     assert a["metrics"] == pytest.approx(b["metrics"], rel=1e-6, abs=1e-9, nan_ok=True)
     assert set(a["metrics"]) == {"WF5", "FM", "CFR", "EBWT", "WP5", "IP"}
     assert (interrupted / "lifelong.png").stat().st_size > 10_000
-    assert (interrupted / "evaluations.csv").read_text().count("\n") == 1 + 9
+    assert (interrupted / "evaluations.csv").read_text().count("\n") == 1 + 5
     stages = json.loads(state.read_text())["stages"]
-    assert stages[0]["fisher"] and stages[1]["fisher"] and stages[2]["fisher"] is None  # none after the last stage
+    assert stages[0]["fisher"] and stages[1]["fisher"] is None  # none after the last stage
     # The same trained models, not only the same metrics: every stage hands over identical weights.
-    straight_stages = json.loads((tmp_path / "straight" / "state.json").read_text())["stages"]
+    straight_stages = json.loads((straight / "state.json").read_text())["stages"]
     for x, y in zip(stages, straight_stages):
         weights_x = torch.load(x["checkpoint"], weights_only=True)["state_dict"]
         weights_y = torch.load(y["checkpoint"], weights_only=True)["state_dict"]
         assert weights_x.keys() == weights_y.keys()
         assert all(torch.equal(weights_x[k], weights_y[k]) for k in weights_x), x["repository"]
     # EWC is on from stage 1: its penalty is part of what those stages trained on.
-    for stage in sorted((tmp_path / "straight" / "stages").iterdir())[1:]:
+    for stage in sorted((straight / "stages").iterdir())[1:]:
         (metrics,) = stage.glob("fit/lightning_logs/retrieval/version_*/metrics.csv")
         penalties = [float(r["ewc_penalty_train_step"]) for r in csv.DictReader(metrics.open()) if r.get("ewc_penalty_train_step")]
         assert penalties and max(penalties) > 0, stage.name
-    for stage in sorted((tmp_path / "straight" / "stages").iterdir()):  # each stage's fit has its own whole schedule
+    for stage in sorted((straight / "stages").iterdir()):  # each stage's fit has its own whole schedule
         lrs = stage_learning_rates(stage)
         assert len(lrs) >= 3
         assert lrs == pytest.approx([2.0e-3 * warmup_cosine(2, len(lrs))(i) for i in range(len(lrs))])  # retrieval.yaml
@@ -121,14 +125,7 @@ def assert_same_rows(rows_a: list[dict], rows_b: list[dict]) -> None:
             assert x[key] == pytest.approx(y[key], rel=1e-6, abs=1e-9)
 
 
-def two_stages(repos: Path, out: Path) -> list[str]:
-    """Two stages, no EWC: the smallest run in which a stage is interrupted and a later one still runs."""
-    args = command(repos, out)
-    args = [a for a in args if not a.startswith(("--ewc.", "--repositories.names="))]
-    return [*args, "--repositories.names=[list, string]"]
-
-
-def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_finishes_the_run(repos, tmp_path):
+def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_finishes_the_run(repos, straight, tmp_path):
     """A terminal's Ctrl-C reaches the runner and every process in its group; the runner passes it on to its
     stage once. The stage saves, the run exits 130 with the runner's advice only, and rerunning the
     command ends with the table of an uninterrupted run."""
@@ -136,7 +133,7 @@ def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_f
     heartbeats = tmp_path / "heartbeats"
     env = {**os.environ, "LEANAGENT_HEARTBEAT_DIR": str(heartbeats)}
     with open(tmp_path / "stderr.txt", "w") as err:
-        process = subprocess.Popen(two_stages(repos, out), cwd=tmp_path, env=env, start_new_session=True,
+        process = subprocess.Popen(command(repos, out), cwd=tmp_path, env=env, start_new_session=True,
                                    stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.time() + 600
         while process.poll() is None and time.time() < deadline:
@@ -160,11 +157,9 @@ def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_f
     last = out / "stages" / stage / "fit" / "checkpoints" / "retrieval" / "last.ckpt"
     assert last.is_file() and not (out / "results.json").exists()
 
-    resumed = subprocess.run(two_stages(repos, out), cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    resumed = run(repos, out, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert "continuing its interrupted fit" in resumed.stderr or "had finished before the interruption" in resumed.stderr
-    straight = subprocess.run(two_stages(repos, tmp_path / "straight"), cwd=tmp_path, capture_output=True, text=True, timeout=900)
-    assert straight.returncode == 0, straight.stderr[-4000:]
     a = json.loads((out / "results.json").read_text())
-    b = json.loads((tmp_path / "straight" / "results.json").read_text())
+    b = json.loads((straight / "results.json").read_text())
     assert_same_rows(a["evaluations"], b["evaluations"])
