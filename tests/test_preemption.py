@@ -118,8 +118,8 @@ def uninterrupted(tmp_path_factory, mini_dataset, trained_run):
     return get
 
 
-# 2 ranks without workers, 4 ranks each with a worker: every process of both kinds gets the Ctrl-C.
-@pytest.mark.parametrize("devices, num_workers", [(2, 0), (4, 1)])
+# Two ranks prove that every rank takes the Ctrl-C as one request; with workers, that every worker does too.
+@pytest.mark.parametrize("devices, num_workers", [(2, 0), (2, 2)])
 def test_ctrl_c_to_the_process_group_saves_and_the_same_command_finishes_the_fit(
     tmp_path, mini_dataset, uninterrupted, devices, num_workers
 ):
