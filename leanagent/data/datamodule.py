@@ -121,7 +121,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
             num_hard_negatives: how many of them are BM25-mined hard negatives: drawn each epoch from the
                 `hard_negative_pool` accessible premises BM25 ranks highest for the state, its positives
                 excluded (leanagent/data/hard_negatives.py). They come first; in-file and random ones fill the rest.
-                2 of 3 measured better than ReProver's 0 in-domain and across datasets (README); 0 is ReProver's scheme.
+                2 of 3 measured better than ReProver's 0 in-domain and across datasets (docs/measurements.md); 0 is ReProver's scheme.
             hard_negative_pool: BM25 candidates kept per state for hard negatives.
             batch_size: training pairs per batch and device.
             eval_batch_size: tactic states (or premises, when embedding the corpus) per batch.

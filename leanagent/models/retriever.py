@@ -84,7 +84,7 @@ class PremiseRetriever(pl.LightningModule):
                 file or a `.ckpt`. A `--ckpt_path` checkpoint's weights replace them when a fit resumes.
             cross_rank_negatives: with `infonce` under DDP, every rank's candidates as in-batch negatives
                 (`losses.share_candidates`). Off by default: on the bundled 4-rank job it left the dense
-                model weaker than in-batch negatives of its own rank (README).
+                model weaker than in-batch negatives of its own rank (docs/measurements.md).
         """
         super().__init__()
         # LightningCLI lets a checkpoint's hyperparameters override the command line, so settings that
