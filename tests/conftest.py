@@ -171,3 +171,19 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, mini_dataset: Path) ->
     assert result.returncode == 0, result.stderr[-4000:]
     return folder, result.stderr
 
+
+def config_args(names: list[str]) -> list[str]:
+    """`--config configs/A --config configs/B ...`: configs composed in order, as repeated --config composes them."""
+    return [arg for name in names for arg in ("--config", str(REPO / "configs" / name))]
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """The CLI sets NCCL variables and may limit torch's threads: neither may leak into the next test."""
+    for name in ("NCCL_TIMEOUT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
+        monkeypatch.delenv(name, raising=False)
+    import torch
+
+    threads = torch.get_num_threads()
+    yield monkeypatch
+    torch.set_num_threads(threads)

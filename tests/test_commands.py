@@ -11,7 +11,7 @@ import yaml
 from leanagent.cli import LeanAgentCLI, main
 from leanagent.lifelong.commands import COMMANDS, parse_ablation, parse_lifelong
 from leanagent.lifelong.runner import checkpoint_folder
-from tests.conftest import REPO
+from tests.conftest import REPO, config_args
 
 COMMAND_NAMES = ["fit", "validate", "test", "predict", "lifelong", "ablation", "curriculum", "merge"]
 
@@ -27,10 +27,6 @@ FIT_COMBINATIONS = {
 LIFELONG_COMBINATIONS = {"bundled": ["lifelong.yaml"], "mathlib": ["lifelong.yaml", "recipes/lifelong_mathlib.yaml"]}
 
 
-def configs(names: list[str]) -> list[str]:
-    return [arg for name in names for arg in ("--config", str(REPO / "configs" / name))]
-
-
 def run_main(args: list[str], capsys) -> tuple[int, str, str]:
     code = 0
     try:
@@ -39,17 +35,6 @@ def run_main(args: list[str], capsys) -> tuple[int, str, str]:
         code = int(e.code or 0)
     out, err = capsys.readouterr()
     return code, out, err
-
-
-@pytest.fixture
-def quiet_env(monkeypatch):
-    for name in ("NCCL_TIMEOUT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
-        monkeypatch.delenv(name, raising=False)
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_help_lists_all_eight_commands(capsys):
@@ -68,7 +53,7 @@ def test_every_command_has_its_own_help(command, capsys):
 
 
 def test_lifelong_print_config_shows_the_composed_settings(capsys):
-    code, out, _ = run_main(["lifelong", *configs(LIFELONG_COMBINATIONS["mathlib"]), "--print_config"], capsys)
+    code, out, _ = run_main(["lifelong", *config_args(LIFELONG_COMBINATIONS["mathlib"]), "--print_config"], capsys)
     assert code == 0
     printed = yaml.safe_load(out)
     assert printed["repositories"]["names"][0] == "mathlib-logic"  # from the overlay
@@ -77,7 +62,7 @@ def test_lifelong_print_config_shows_the_composed_settings(capsys):
 
 
 def test_a_command_s_bad_value_is_one_error_line(capsys):
-    code, out, err = run_main(["lifelong", *configs(["lifelong.yaml"]), "--order=sideways"], capsys)
+    code, out, err = run_main(["lifelong", *config_args(["lifelong.yaml"]), "--order=sideways"], capsys)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and err.startswith("error:") and "order" in err
 
@@ -92,14 +77,14 @@ def test_a_replaced_config_says_what_replaced_it(old, capsys, tmp_path, monkeypa
 
 
 def test_commands_run_through_the_app(capsys):
-    code, out, _ = run_main(["curriculum", *configs(["lifelong.yaml"])], capsys)
+    code, out, _ = run_main(["curriculum", *config_args(["lifelong.yaml"])], capsys)
     assert code == 0 and "repository" in out and "data-list" in out
 
 
 @pytest.mark.parametrize("name", list(FIT_COMBINATIONS))
-def test_every_fit_combination_parses(name, quiet_env, tmp_path, retriever_checkpoint):
+def test_every_fit_combination_parses(name, clean_env, tmp_path, retriever_checkpoint):
     names = FIT_COMBINATIONS[name]
-    args = [*configs(names), "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"]
+    args = [*config_args(names), "--trainer.accelerator=cpu", f"--trainer.default_root_dir={tmp_path}"]
     if name == "fisher":
         args.append(f"--model.init_args.ckpt_path={retriever_checkpoint}")
     if name == "byt5-small":
@@ -135,7 +120,7 @@ def test_model_checkpoint_without_dirpath_writes_under_the_logger_name(tmp_path)
 
 @pytest.mark.parametrize("name", list(LIFELONG_COMBINATIONS))
 def test_every_lifelong_combination_parses(name):
-    settings = parse_lifelong(configs(LIFELONG_COMBINATIONS[name]))
+    settings = parse_lifelong(config_args(LIFELONG_COMBINATIONS[name]))
     from leanagent.lifelong.runner import config_list
 
     for config in [*config_list(settings.retrieval_config), *config_list(settings.fisher_config)]:
@@ -170,7 +155,7 @@ def test_the_readme_shows_the_composed_forms():
 
 
 @pytest.mark.parametrize("args", readme_commands(), ids=lambda a: " ".join(a)[:80])
-def test_every_readme_command_line_parses(args, quiet_env, tmp_path, retriever_checkpoint, capsys):
+def test_every_readme_command_line_parses(args, clean_env, tmp_path, retriever_checkpoint, capsys):
     """What the README tells users to type parses: each config combination with its own overrides."""
     command, rest = args[0], [a.replace("PATH", str(tmp_path)).replace("PROJECT", "data/batteries") for a in args[1:]]
     rest = [str(REPO / a) if a.startswith("configs/") else a for a in rest]

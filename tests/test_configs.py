@@ -17,17 +17,6 @@ CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
 CLI_CONFIGS = [c for c in CONFIGS if "model" in yaml.safe_load(c.read_text())]
 
 
-@pytest.fixture
-def clean_env(monkeypatch):
-    for name in ("NCCL_TIMEOUT", "TORCH_NCCL_ASYNC_ERROR_HANDLING"):
-        monkeypatch.delenv(name, raising=False)
-    import torch
-
-    threads = torch.get_num_threads()
-    yield monkeypatch
-    torch.set_num_threads(threads)
-
-
 def test_there_are_configs_to_check():
     names = {c.name for c in CLI_CONFIGS}
     assert {"retrieval.yaml", "fisher.yaml"} <= names

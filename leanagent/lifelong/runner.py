@@ -25,6 +25,7 @@ from typing import Literal
 
 import torch
 
+from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.penalty import combine_fisher
@@ -116,7 +117,7 @@ def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
         if isinstance(callback, dict) and str(callback.get("class_path", "")).endswith("ModelCheckpoint"):
             dirpath = (callback.get("init_args") or {}).get("dirpath")
             if not dirpath and logger and str(callback["class_path"]).startswith("leanagent."):
-                return Path("checkpoints") / str(logger)
+                return Path(default_dirpath(str(logger)))
             if not dirpath:
                 break
             if Path(dirpath).is_absolute():

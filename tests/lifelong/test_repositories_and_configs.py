@@ -12,7 +12,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.lifelong.commands import format_table, parse_ablation, parse_lifelong
 from leanagent.lifelong.repositories import Repositories, resolve_repositories, split_bundled
 from leanagent.lifelong.runner import settings_fingerprint
-from tests.conftest import BUNDLED, REPO, shared_data, tactic, theorem, toy_corpus, write_dataset
+from tests.conftest import BUNDLED, REPO, config_args, shared_data, tactic, theorem, toy_corpus, write_dataset
 
 
 def test_bundled_split_keeps_every_theorem_once_with_its_split(tmp_path):
@@ -48,31 +48,27 @@ def test_data_root_repositories_must_exist(tmp_path):
 LIFELONG_CONFIGS = {"lifelong.yaml": ["lifelong.yaml"], "lifelong_mathlib": ["lifelong.yaml", "recipes/lifelong_mathlib.yaml"]}
 
 
-def composed(names: list[str]) -> list[str]:
-    return [arg for name in names for arg in ("--config", str(REPO / "configs" / name))]
-
-
 @pytest.mark.parametrize("name", list(LIFELONG_CONFIGS))
 def test_lifelong_configs_parse(name):
-    settings = parse_lifelong(composed(LIFELONG_CONFIGS[name]))
+    settings = parse_lifelong(config_args(LIFELONG_CONFIGS[name]))
     assert settings.order == "curriculum" and settings.construction == "single_repo"
     assert settings.epochs_per_repo == 1 and settings.ewc.enabled is False
     from leanagent.lifelong.runner import config_list
 
     for config in [*config_list(settings.retrieval_config), *config_list(settings.fisher_config)]:
         assert (REPO / config).is_file(), config
-    variant = parse_lifelong([*composed(LIFELONG_CONFIGS[name]), "--construction=merge_all", "--ewc.enabled=true"])
+    variant = parse_lifelong([*config_args(LIFELONG_CONFIGS[name]), "--construction=merge_all", "--ewc.enabled=true"])
     assert variant.construction == "merge_all" and variant.ewc.enabled
     assert settings_fingerprint(variant) != settings_fingerprint(settings)
 
 
 def test_mathlib_config_names_the_shared_slices():
-    settings = parse_lifelong(composed(LIFELONG_CONFIGS["lifelong_mathlib"]))
+    settings = parse_lifelong(config_args(LIFELONG_CONFIGS["lifelong_mathlib"]))
     assert settings.repositories.names == ["mathlib-logic", "mathlib-data-nat", "mathlib-data-list", "mathlib-data-set", "mathlib-group"]
 
 
 def test_mathlib_config_resolves_against_the_shared_slices():
-    settings = parse_lifelong(composed(LIFELONG_CONFIGS["lifelong_mathlib"]))
+    settings = parse_lifelong(config_args(LIFELONG_CONFIGS["lifelong_mathlib"]))
     shared = shared_data("lifelong")
     repos = resolve_repositories(Repositories(data_root=str(shared), names=settings.repositories.names, bundled=None), REPO)
     assert list(repos) == settings.repositories.names
