@@ -4,8 +4,9 @@
 
 For each dataset, the checkpoint is validated on its val split (which evaluates every weight of the grid and
 chooses one with `fusion.choose_weight`), then on its test split served as a validation split, so that test,
-too, is evaluated at every weight. Prints one row per weight with val and test R@1 / R@10 / MRR, marks the
-weight the rule chose and the one with the best val R@10, and their test R@10 beside BM25's (weight 0).
+too, is evaluated at every weight. Prints one row per weight with val and test R@1 / R@10 / MRR and the val
+z of its combined gain over BM25 (what the rule tests), marks the weight the rule chose and the one with the
+best val R@10, and their test R@10 beside BM25's (weight 0).
 """
 
 from __future__ import annotations
@@ -18,13 +19,17 @@ from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluation_trainer
 from leanagent.models.loading import load_retriever
+from leanagent.retrieval.fusion import gain_z
 
 
-def weights_on(model, saved: dict, split_dir: Path, corpus: Path, precision: str, batch: int) -> tuple[dict, float]:
-    """{weight: [R@1, R@10, MRR]} of a validation pass on `split_dir`, and the weight it chose."""
+def weights_on(model, saved: dict, split_dir: Path, corpus: Path, precision: str, batch: int) -> tuple[dict, dict, float]:
+    """{weight: [R@1, R@10, MRR]} of a validation pass on `split_dir`, {weight: z of its gain over BM25},
+    and the weight it chose."""
     datamodule = RetrievalDataModule.for_checkpoint(saved, str(split_dir), str(corpus), eval_batch_size=batch)
     logged = evaluation_trainer(precision).validate(model, datamodule=datamodule, verbose=False)[0]
-    return dict(model.eval_by_weight), round(float(logged["hybrid_weight_val"]), 1)  # logged as float32
+    rows = model.eval_per_example
+    z = {w: gain_z(rows[w].double(), rows[0.0].double()) for w in rows}
+    return dict(model.eval_by_weight), z, round(float(logged["hybrid_weight_val"]), 1)  # logged as float32
 
 
 def main() -> None:
@@ -39,18 +44,19 @@ def main() -> None:
     saved = load_checkpoint(args.checkpoint, "checkpoint")
     for dataset in args.datasets:
         split = dataset / args.split_dir
-        val, chosen = weights_on(model, saved, split, dataset / "corpus.jsonl", args.precision, args.eval_batch_size)
+        val, z, chosen = weights_on(model, saved, split, dataset / "corpus.jsonl", args.precision, args.eval_batch_size)
         with tempfile.TemporaryDirectory() as tmp:  # test served as val: the same pass, every weight evaluated
             for name, source in (("train", "train"), ("val", "test"), ("test", "test")):
                 (Path(tmp) / f"{name}.json").symlink_to((split / f"{source}.json").resolve())
-            test, _ = weights_on(model, saved, Path(tmp), dataset / "corpus.jsonl", args.precision, args.eval_batch_size)
+            test, _, _ = weights_on(model, saved, Path(tmp), dataset / "corpus.jsonl", args.precision, args.eval_batch_size)
         best = max(val, key=lambda w: (val[w][1], val[w][2], val[w][0], -w))
         print(f"\n{dataset.name}: weight of the dense side, val and test R@1 / R@10 / MRR")
         for weight in sorted(val):
             mark = " <- chosen" if weight == chosen else ""
             mark += " <- best val R@10" if weight == best else ""
             v, t = val[weight], test[weight]
-            print(f"  {weight:.1f}  val {v[0]:5.1f} {v[1]:5.1f} {v[2]:.3f}   test {t[0]:5.1f} {t[1]:5.1f} {t[2]:.3f}{mark}")
+            print(f"  {weight:.1f}  val {v[0]:5.1f} {v[1]:5.1f} {v[2]:.3f} z {z[weight]:5.2f}   "
+                  f"test {t[0]:5.1f} {t[1]:5.1f} {t[2]:.3f}{mark}")
         print(f"  test R@10: BM25 {test[0.0][1]:.1f}, dense {test[1.0][1]:.1f}, chosen ({chosen:.1f}) {test[chosen][1]:.1f}, "
               f"best val R@10 ({best:.1f}) {test[best][1]:.1f}")
 

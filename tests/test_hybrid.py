@@ -75,13 +75,13 @@ def test_choose_weight_takes_the_best_clear_gain_and_the_smallest_weight_on_ties
     assert choose_weight(per_example) == 0.7
 
 
-def test_choose_weight_never_trades_a_bm25_metric_for_recall_at_10():
+def test_choose_weight_does_not_buy_recall_at_10_with_recall_at_1():
     base, = _examples((10.0, 50.0, 0.3))
     per_example = {w: base.clone() for w in HYBRID_GRID}
-    per_example[0.8], per_example[0.4] = _examples((7.5, 90.0, 0.5), (10.0, 75.0, 0.3))
-    assert choose_weight(per_example) == 0.4  # 0.8 has the best R@10 but loses R@1
-    per_example[0.4][:, 2] = 0.29
-    assert choose_weight(per_example) == 0.0
+    per_example[1.0], per_example[0.5] = _examples((0.0, 65.0, 0.15), (12.5, 57.5, 0.35))
+    assert choose_weight(per_example) == 0.5  # 1.0 has the best Recall@10, 0.5 the best R@1 + R@10 + 100 MRR
+    per_example[0.5] = base.clone()
+    assert choose_weight(per_example) == 0.0  # 1.0 alone: below BM25 on the sum
 
 
 def test_choose_weight_ignores_a_gain_within_the_noise_of_a_small_split():
@@ -91,7 +91,7 @@ def test_choose_weight_ignores_a_gain_within_the_noise_of_a_small_split():
     per_example = {w: base.clone() for w in HYBRID_GRID}
     per_example[0.5] = better
     assert choose_weight(per_example) == 0.0
-    assert choose_weight({0.0: base, 0.5: better}, alpha=0.5) == 0.5  # the test, not the metrics, keeps it out
+    assert choose_weight(per_example, min_gain_z=0.5) == 0.5  # the test, not the metrics, keeps it out
 
 
 def _gain_of(hits: int, n: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,25 +102,22 @@ def _gain_of(hits: int, n: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
     return bm25, better
 
 
-def test_choose_weight_corrects_for_the_number_of_weights_tried():
-    """5 of 100 states better is z = 2.27: enough for one comparison, not for the best of ten (Holm)."""
-    bm25, better = _gain_of(5)
-    assert choose_weight({0.0: bm25, 0.5: better}) == 0.5  # one weight tried: one-sided z >= 2 suffices
+def test_choose_weight_tests_only_the_best_weight():
+    """2 of 100 states better is z = 1.42, 3 of 100 is z = 1.75: one test at z >= 1.645, however many weights."""
+    bm25, _ = _gain_of(0)
     per_example = {w: bm25.clone() for w in HYBRID_GRID}
-    per_example[0.5] = better
-    assert choose_weight(per_example) == 0.0  # ten tried: 2.27 is below Holm's first bar (z >= 2.84)
-    per_example[0.5] = _gain_of(10)[1]  # z = 3.3: significant among ten
+    per_example[0.5] = _gain_of(2)[1]
+    assert choose_weight(per_example) == 0.0
+    per_example[0.5] = _gain_of(3)[1]
+    assert choose_weight(per_example) == 0.5
+    per_example[0.3] = _gain_of(2)[1]  # a weaker weight beside it changes nothing
     assert choose_weight(per_example) == 0.5
 
 
-def test_holm_steps_down_from_the_smallest_p_value():
-    from leanagent.retrieval.fusion import holm
-
-    p = {0.1: 0.004, 0.2: 0.012, 0.3: 0.02, 0.4: 0.5}
-    assert holm(p, 0.05) == {0.1, 0.2, 0.3}  # 0.004 <= 0.05/4, 0.012 <= 0.05/3, 0.02 <= 0.05/2, 0.5 > 0.05
-    assert holm({**p, 0.2: 0.02, 0.3: 0.012}, 0.05) == {0.1, 0.2, 0.3}
-    assert holm({0.1: 0.02, 0.2: 0.004}, 0.01) == {0.2}  # 0.02 > 0.01/1: stops there
-    assert holm({0.1: 0.2}, 0.05) == set()
+def test_choose_weight_keeps_bm25_without_validation_examples():
+    assert choose_weight({w: torch.zeros(0, 3) for w in HYBRID_GRID}) == 0.0
+    with pytest.raises(ValueError, match="BM25's column"):
+        choose_weight({0.5: torch.zeros(4, 3)})
 
 
 def test_unknown_retrieval_mode_is_rejected():

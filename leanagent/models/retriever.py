@@ -136,6 +136,7 @@ class PremiseRetriever(pl.LightningModule):
         self._corpus = CorpusEmbeddings()
         self._evaluation: RankingEvaluation | None = None
         self.eval_by_weight: dict[float, list[float]] = {}  # the last evaluation's means by dense weight
+        self.eval_per_example: dict[float, torch.Tensor] = {}  # and its [n, metrics] rows (benchmarks/hybrid_weights.py)
         self._fit_start_epoch = 0
         self._fit_start_step = 0
         self._resume_position: tuple[int, int] | None = None
@@ -289,9 +290,9 @@ class PremiseRetriever(pl.LightningModule):
         evaluation = self._evaluation
         per_example = evaluation.finish(self.trainer.world_size)
         self.eval_by_weight = evaluation.means(per_example)
+        self.eval_per_example = {w: per_example[:, c].cpu() for c, w in enumerate(evaluation.weights)}
         if suffix == "val" and not self.trainer.sanity_checking:
-            by_weight = {w: per_example[:, c] for c, w in enumerate(evaluation.weights)}
-            self.hybrid_weights[self._premise_set()] = choose_weight(by_weight)
+            self.hybrid_weights[self._premise_set()] = choose_weight(self.eval_per_example)
         results = logged_metrics(suffix, evaluation.names, self.eval_by_weight, self._mode_weight, self.current_hybrid_weight)
         for name, value in results.items():
             self.log(name, value, prog_bar=name == f"Recall@10_{suffix}", sync_dist=True)

@@ -6,7 +6,7 @@ with min and max taken over each query's accessible premises. w = 0 is exactly t
 and w = 1 exactly the dense one (the raw scores are returned, so not even ties move). The weight
 is chosen on the validation split from `HYBRID_GRID` and stored in the checkpoint with the
 fingerprint of the corpus it was chosen on; elsewhere hybrid uses `DEFAULT_HYBRID_WEIGHT` (BM25).
-`choose_weight` leaves BM25 only for a weight that validation shows clearly better.
+`choose_weight` leaves BM25 only for the weight validation shows best, and only when its gain is not noise.
 
 Dense scores keep the search's dtype (bf16 under `bf16-mixed`, whose top candidates the retriever
 re-scores in float32, leanagent/retrieval/dense.py); hybrid normalises them in float32.
@@ -32,70 +32,52 @@ HYBRID_GRID = tuple(round(0.1 * i, 1) for i in range(11))
 DEFAULT_HYBRID_WEIGHT = 0.0
 # Column weights that reproduce the single modes.
 MODE_WEIGHTS = {"dense": 1.0, "bm25": 0.0}
-# One weight's gain over BM25 would need to clear two standard errors (one-sided z >= 2): that level,
-# about 2.3%, is now the family-wise false-positive rate over all the weights tried (Holm, below).
-MIN_GAIN_Z = 2.0
-GAIN_ALPHA = 0.5 * math.erfc(MIN_GAIN_Z / math.sqrt(2.0))
+# The chosen weight's gain over BM25 must clear this one-sided z (about 5%) on the validation split.
+MIN_GAIN_Z = 1.645
 
 
-def gain_p_value(values: torch.Tensor, bm25: torch.Tensor, scale: torch.Tensor) -> float:
-    """One-sided p-value of a paired z test that a weight's per-example gain over BM25
-    (Recall@1 + Recall@k + 100 MRR) has a positive mean; 1 for fewer than two examples."""
+def combined_scores(values: torch.Tensor) -> torch.Tensor:
+    """Per-example Recall@1 + Recall@k + 100 MRR (columns as `metric_names` gives them): one number that
+    a weight buying Recall@10 with Recall@1 does not win, on the recalls' percent scale."""
+    scale = torch.ones(values.shape[1], dtype=values.dtype)
+    scale[-1] = 100.0  # MRR is in [0, 1], recalls in percent
+    return (values * scale).sum(dim=1)
+
+
+def gain_z(values: torch.Tensor, bm25: torch.Tensor) -> float:
+    """z statistic of a paired test that a weight's per-example combined score beats BM25's; 0 for fewer
+    than two examples, +-inf when every example gains (or loses) the same."""
     if len(values) < 2:
-        return 1.0
-    gain = ((values - bm25) * scale).sum(dim=1)
+        return 0.0
+    gain = combined_scores(values) - combined_scores(bm25)
     mean, error = float(gain.mean()), float(gain.std()) / math.sqrt(len(gain))
     if error == 0.0:
-        return 0.0 if mean > 0 else 1.0
-    return 0.5 * math.erfc(mean / error / math.sqrt(2.0))
+        return math.copysign(math.inf, mean) if mean else 0.0
+    return mean / error
 
 
-def holm(p_values: dict[float, float], alpha: float) -> set[float]:
-    """Holm's step-down procedure: the hypotheses rejected at family-wise level `alpha`.
+def choose_weight(per_example: dict[float, torch.Tensor], min_gain_z: float = MIN_GAIN_Z) -> float:
+    """The fusion weight validation supports: the best, unless its gain over BM25 (0) is noise.
 
-    The smallest p-value is compared with alpha / m, the next with alpha / (m - 1), ..., stopping at the
-    first that fails; uniformly at least as powerful as Bonferroni, with the same family-wise guarantee.
-    """
-    ordered = sorted(p_values, key=lambda key: (p_values[key], key))
-    rejected: set[float] = set()
-    for i, key in enumerate(ordered):
-        if p_values[key] > alpha / (len(ordered) - i):
-            break
-        rejected.add(key)
-    return rejected
-
-
-def choose_weight(per_example: dict[float, torch.Tensor], alpha: float = GAIN_ALPHA) -> float:
-    """The fusion weight validation supports: BM25 (0) unless another weight is clearly better.
-
-    `per_example[w]` is [n, metrics] for the n validation examples (columns Recall@1, [Recall@k], MRR,
-    as `metric_names` gives them). A weight qualifies when its mean is at least BM25's on every metric
-    and its paired gain in Recall@1 + Recall@k + 100 MRR is significant in a one-sided z test, corrected
-    for the number of weights tried with Holm's procedure at family-wise level `alpha` (default: the level
-    of z >= 2 for a single test): testing ten weights at z >= 2 each would let noise through far more
-    often than one test does, and on a small validation split a gain of one or two examples is noise; a
-    weight chosen on noise can fall below BM25 on test (a lifelong run did, docs/measurements.md). Among qualifying
-    weights the best (Recall@k, MRR, Recall@1) wins, the smallest on ties.
+    `per_example[w]` is [n, metrics] for the n validation examples (columns Recall@1, [Recall@k], MRR).
+    The best weight has the highest mean `combined_scores` (the smallest on ties); it is taken when its
+    paired gain over BM25 clears a one-sided z test at `min_gain_z`, otherwise BM25 is. One test of the
+    best weight, not one per weight: neighbouring weights rank almost alike, so the grid is not ten
+    independent chances, and a rule that wanted each weight to beat BM25 on every metric and survive a
+    correction for ten tests kept BM25 on most ~100-theorem splits of trained models, where the best val
+    weight was 6-12 points of test Recall@10 above it (docs/measurements.md). The z test still keeps out a
+    gain of a few lucky states, which is what put a weakly trained model below BM25 on a small test split.
     """
     if 0.0 not in per_example:
         raise ValueError("choosing a fusion weight needs BM25's column (weight 0)")
     # A few numbers per example, whatever device evaluation ran on: decided on the host, in float64,
     # so no tensor made here meets one on the model's device (and the answer is a plain float).
     per_example = {w: values.detach().cpu().double() for w, values in per_example.items()}
-    bm25 = per_example[0.0]
-    width = bm25.shape[1]
-    scale = torch.ones(width, dtype=torch.float64)
-    scale[-1] = 100.0  # MRR is in [0, 1], recalls in percent
-    means = {w: per_example[w].mean(0) if len(per_example[w]) else torch.zeros(width, dtype=torch.float64) for w in per_example}
-    tried = {w: gain_p_value(per_example[w], bm25, scale) for w in per_example if w != 0.0}
-    significant = holm(tried, alpha)
-
-    def qualifies(weight: float) -> bool:
-        return weight == 0.0 or weight in significant and not bool((means[weight] < means[0.0]).any())
-
-    order = [max(0, width - 2), width - 1, 0]
-    allowed = [w for w in sorted(per_example) if qualifies(w)]
-    return max(allowed, key=lambda w: tuple(float(means[w][i]) for i in order) + (-w,))
+    if not len(per_example[0.0]):
+        return 0.0
+    means = {w: float(combined_scores(values).mean()) for w, values in per_example.items()}
+    best = max(sorted(means), key=lambda w: (means[w], -w))
+    return best if best != 0.0 and gain_z(per_example[best], per_example[0.0]) >= min_gain_z else 0.0
 
 
 def normalise(scores: torch.Tensor, accessible: torch.Tensor) -> torch.Tensor:
