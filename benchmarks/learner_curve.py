@@ -22,6 +22,7 @@ from benchmarks.arguments import benchmark_parser
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.encoder import PRESETS
 from leanagent.models.retriever import PremiseRetriever
+from leanagent.precision import run_precision
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "mathlib-order"
 
@@ -82,7 +83,7 @@ def main() -> None:
                                  loss="infonce", weight_decay=0.01)
         curve = Curve(shape, 60 * args.minutes)
         trainer = pl.Trainer(
-            accelerator="cpu", devices=1, strategy="auto", precision="bf16-mixed", max_epochs=args.epochs, gradient_clip_val=1.0,
+            accelerator="cpu", devices=1, strategy="auto", precision=run_precision("bf16-mixed", "cpu"), max_epochs=args.epochs, gradient_clip_val=1.0,
             val_check_interval=args.steps_per_eval, num_sanity_val_steps=0,
             logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[curve],
         )

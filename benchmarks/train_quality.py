@@ -29,6 +29,7 @@ from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluate
 from leanagent.models.losses import LOSSES
 from leanagent.models.retriever import PremiseRetriever
+from leanagent.precision import run_precision
 
 METRICS = ("Recall@1_val", "Recall@10_val", "MRR_val")
 MODES = ("dense", "bm25", "hybrid")
@@ -120,7 +121,7 @@ def main() -> None:
         accelerator="cpu",
         devices=1,
         strategy="auto",
-        precision=args.precision,
+        precision=run_precision(args.precision, "cpu"),
         max_epochs=args.epochs,
         accumulate_grad_batches=args.accumulate,
         gradient_clip_val=1.0,

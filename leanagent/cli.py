@@ -33,6 +33,7 @@ from leanagent.cli_errors import check_replaced_configs, summarize_parse_error, 
 from leanagent.compat import add_subcommand
 from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable
+from leanagent.precision import CpuBf16, describe_fallback, run_precision
 from leanagent.lifelong.commands import COMMANDS
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
@@ -81,6 +82,11 @@ class LeanAgentCLI(LightningCLI):
         parser.add_argument(
             "--test_after_fit", type=bool, default=False,
             help="after fit: test the best checkpoint (its hybrid weight chosen on val) and print dense, BM25 and hybrid",
+        )
+        parser.add_argument(
+            "--cpu_bf16", type=CpuBf16, default="auto",
+            help="on a CPU: auto runs a bf16 trainer.precision in float32 where the CPU has no native bf16 "
+            "(leanagent/precision.py); always keeps bf16",
         )
 
     def parse_arguments(self, parser, args) -> None:
@@ -172,7 +178,7 @@ def format_rankings(logged: dict[str, float], split: str, source: str) -> str:
 
 
 def configure_distributed(config: Namespace) -> None:
-    """Runs on every rank (Lightning's DDP re-executes the command): env, strategy, threads, GPU count."""
+    """Runs on every rank (Lightning's DDP re-executes the command): env, strategy, threads, GPU count, precision."""
     trainer = config.trainer
     timeout = ONE_YEAR
     strategy = trainer.strategy
@@ -201,6 +207,11 @@ def configure_distributed(config: Namespace) -> None:
     devices = trainer.devices
     if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
         limit_cpu_threads(devices)
+    precision = run_precision(trainer.precision, accelerator, config.get("cpu_bf16") or "auto")
+    message = describe_fallback(trainer.precision, precision)
+    if message:
+        log.info("rank %s: %s", os.environ.get("LOCAL_RANK", "0"), message)
+        trainer.precision = precision
 
 
 

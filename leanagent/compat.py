@@ -110,6 +110,17 @@ def tensor_version(tensor: torch.Tensor) -> int:
     return tensor._version
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bf16 matmuls natively (x86 AVX512 with oneDNN, AMX; Arm with BF16).
+
+    Wraps `torch.ops.mkldnn._is_mkldnn_bf16_supported()`, the check torch's own CPU tests use. torch has no
+    public query: `torch.backends.cpu.get_cpu_capability()` names the vector ISA ("AVX2") but not whether
+    bf16 has a fast kernel, and without one every bf16 matmul runs a reference loop tens of times slower
+    than float32.
+    """
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def set_last_lr(scheduler: torch.optim.lr_scheduler.LRScheduler, lrs: list[float]) -> None:
     """Make `scheduler.get_last_lr()` return `lrs` after the learning rates were set by hand.
 

@@ -7,6 +7,7 @@ one says which, and where to look (docs/private_apis.md), instead of a hang in a
 from __future__ import annotations
 
 import inspect
+import platform
 from datetime import timedelta
 
 import pytest
@@ -256,3 +257,15 @@ def test_a_fit_without_an_optimizer_is_told_by_parameters_not_by_lightnings_stan
         tiny_trainer(tmp_path, max_steps=1, callbacks=[Probe()]).fit(module)
     require(seen == [True, False], "pytorch_lightning.core.optimizer._MockOptimizer",
             f"an optimizer over the module's parameters / none told apart as {seen}, not [True, False]")
+
+
+def test_mkldnn_bf16_check_answers_for_this_cpu():
+    private = "torch.ops.mkldnn._is_mkldnn_bf16_supported"
+    try:
+        answer = compat.cpu_has_native_bf16()
+    except (AttributeError, RuntimeError) as error:
+        require(False, private, f"no longer callable ({error})")
+    require(isinstance(answer, bool), private, f"returned {answer!r}, not a bool")
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if x86 and torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "AVX2"):  # no AVX512: oneDNN has no bf16 kernel
+        require(answer is False, private, "says native bf16 on an x86 CPU without AVX512")

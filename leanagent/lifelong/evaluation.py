@@ -15,14 +15,16 @@ from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.loading import load_retriever
 from leanagent.models.retriever import PremiseRetriever
+from leanagent.precision import run_precision
 from leanagent.retrieval.fusion import BASELINE_MODES
 from leanagent.retrieval.metrics import metric_names
 
 
 def evaluation_trainer(precision: str = "32-true") -> pl.Trainer:
-    """One device, nothing written: no logger, checkpoints, progress bar or summary."""
+    """One device, nothing written: no logger, checkpoints, progress bar or summary; bf16 only where it is native
+    (leanagent/precision.py)."""
     return pl.Trainer(
-        accelerator="auto", devices=1, precision=precision, logger=False, enable_checkpointing=False,
+        accelerator="auto", devices=1, precision=run_precision(precision), logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )
 
