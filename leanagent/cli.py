@@ -136,6 +136,11 @@ class LeanAgentCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         configure_distributed(config)
+        precision = config.trainer.precision
+        self._run_precision = run_precision(precision, str(config.trainer.accelerator), config.get("cpu_bf16") or "auto")
+        message = describe_fallback(precision, self._run_precision)
+        if message:
+            log.info("rank %s: %s", os.environ.get("LOCAL_RANK", "0"), message)
         use_final_last_checkpoint(config)
         if self.subcommand in ("fit", "predict"):
             check_outputs_writable(config)
@@ -151,6 +156,14 @@ class LeanAgentCLI(LightningCLI):
                 "trainer.max_epochs as given" if explicit is not None and explicit >= 0 else "progressive training",
             )
 
+
+    def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
+        """The Trainer in the precision this machine runs well (leanagent/precision.py); the config, and the
+        config.yaml a run saves, keep the configured one, so that the same file still means bf16 on a GPU."""
+        run = getattr(self, "_run_precision", None)
+        if run is not None:
+            kwargs.setdefault("precision", run)
+        return super().instantiate_trainer(**kwargs)
 
     def after_fit(self) -> None:
         """`test_after_fit`: adapting to a project is one command (configs/recipes/project.yaml)."""
@@ -178,7 +191,7 @@ def format_rankings(logged: dict[str, float], split: str, source: str) -> str:
 
 
 def configure_distributed(config: Namespace) -> None:
-    """Runs on every rank (Lightning's DDP re-executes the command): env, strategy, threads, GPU count, precision."""
+    """Runs on every rank (Lightning's DDP re-executes the command): env, strategy, threads, GPU count."""
     trainer = config.trainer
     timeout = ONE_YEAR
     strategy = trainer.strategy
@@ -207,11 +220,6 @@ def configure_distributed(config: Namespace) -> None:
     devices = trainer.devices
     if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
         limit_cpu_threads(devices)
-    precision = run_precision(trainer.precision, accelerator, config.get("cpu_bf16") or "auto")
-    message = describe_fallback(trainer.precision, precision)
-    if message:
-        log.info("rank %s: %s", os.environ.get("LOCAL_RANK", "0"), message)
-        trainer.precision = precision
 
 
 

@@ -41,6 +41,7 @@ def test_bf16_is_kept_where_it_is_native_or_on_a_gpu(monkeypatch):
 def _trainer_precision(args):
     cli = LeanAgentCLI(args=["--config", str(REPO / "configs/retrieval.yaml"), "--trainer.devices=1",
                              "--trainer.strategy=auto", *args], run=False)
+    assert cli.config.trainer.precision == "bf16-mixed"  # what config.yaml saves: the same file means bf16 on a GPU
     return cli.trainer.precision
 
 
