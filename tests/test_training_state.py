@@ -187,6 +187,46 @@ def test_a_new_fit_from_a_finished_one_forgets_early_stopping_state(toy_dataset,
     assert second.current_epoch == 4
 
 
+@pytest.mark.parametrize("other_data", [True, False])
+def test_a_fit_on_other_validation_data_records_a_best_of_its_own(toy_dataset, tmp_path, other_data):
+    """The next repository of a lifelong run resumes from the last one's best.ckpt, whose ModelCheckpoint state
+    holds that repository's best Recall@10_val: unless selection starts afresh on the new validation data, a lower
+    score there never records a best, and the stage hands over its last epoch instead of its best."""
+    from leanagent.callbacks.progressive import ProgressiveTraining
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+
+    def fit(folder: str, max_epochs: int, ckpt_path: Path | None = None) -> ModelCheckpoint:
+        pl.seed_everything(0)
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=0)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=4, num_hard_negatives=0)
+        checkpoints = ModelCheckpoint(dirpath=tmp_path / folder, save_last=True, monitor="Recall@10_val", mode="max")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             callbacks=[ProgressiveTraining(), checkpoints], default_root_dir=tmp_path)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return checkpoints
+
+    first = fit("first", 1)
+    path = Path(first.best_model_path)
+    saved = torch.load(path, weights_only=True)
+    assert saved["callbacks"]["ProgressiveTraining"]["validation_key"]
+    (key,) = [k for k in saved["callbacks"] if k.startswith("ModelCheckpoint")]
+    saved["callbacks"][key]["best_model_score"] = torch.tensor(1000.0)  # a score no epoch here reaches
+    saved["callbacks"][key]["kth_value"] = torch.tensor(1000.0)
+    if other_data:  # as if validated on another repository
+        saved["callbacks"]["ProgressiveTraining"]["validation_key"] = "another repository"
+    torch.save(saved, path)
+
+    second = fit("first", 3, path)
+    if other_data:
+        assert second.best_model_score is not None and float(second.best_model_score) < 1000.0
+        assert Path(second.best_model_path) != path and Path(second.best_model_path).is_file()
+    else:  # the same validation data: the best so far still stands (progressive training on one dataset)
+        assert float(second.best_model_score) == 1000.0 and Path(second.best_model_path) == path
+
+
 def test_a_fit_with_dropout_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(toy_dataset, tmp_path):
     """Dropout draws from the global RNG, which Lightning neither saves nor restores: a resumed fit must still
     draw the masks the uninterrupted fit drew at the same batch (in one process: Preempted is caught here)."""

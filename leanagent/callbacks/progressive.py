@@ -2,14 +2,21 @@
 
 The epoch budget is decided once, before the Trainer and the optimizer exist (`plan_max_epochs`,
 called by the CLI hook), so the learning-rate schedule is built for the fit that actually runs.
+
+A fit that resumes onto other validation data (the next repository of a lifelong run, or a project
+fine-tuned from a `--ckpt_path`) starts checkpoint selection and early stopping afresh: `--ckpt_path`
+restores their best score, and a best Recall@10_val measured on another repository would otherwise
+keep the new one from ever recording a best of its own (LeanAgent gives each repository new callbacks).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import Callback
 
 from leanagent.checkpoint_files import fit_state
@@ -51,8 +58,50 @@ class ProgressiveTraining(Callback):
             raise LeanAgentError(f"progressive.epochs_per_repo must be at least 1, got {epochs_per_repo}")
         self.epochs_per_repo = epochs_per_repo
 
+        self._validation_key: str | None = None
+        self._restored_key: str | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"validation_key": self._validation_key}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_key = state_dict.get("validation_key")
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         log.info(
             "rank %d: progressive training from epoch %d to max_epochs=%d",
             trainer.global_rank, trainer.current_epoch, trainer.max_epochs,
         )
+        self._validation_key = validation_key(getattr(trainer, "datamodule", None))
+        if self._restored_key is not None and self._validation_key is not None and self._restored_key != self._validation_key:
+            restart_monitors(trainer)
+            log.info("rank %d: the checkpoint was validated on other data: checkpoint selection and early stopping "
+                     "start afresh for this fit's validation split", trainer.global_rank)
+        self._restored_key = None
+
+
+def validation_key(datamodule: Any) -> str | None:
+    """Identifies what a fit validates on (the val split's states and the premises); None without such data."""
+    if datamodule is None or not hasattr(datamodule, "states") or not hasattr(datamodule, "corpus"):
+        return None
+    states = datamodule.states("val")
+    digest = hashlib.sha256(datamodule.corpus.premise_set_key.encode())
+    for name, state in zip(states.theorem_names, states.states):
+        digest.update(f"\x01{name}\x00{state}".encode())
+    return digest.hexdigest()
+
+
+def restart_monitors(trainer: pl.Trainer) -> None:
+    """Forget the best scores (and early stopping's wait) that `--ckpt_path` restored; files stay on disk."""
+    for callback in trainer.checkpoint_callbacks:
+        worst = torch.tensor(torch.inf if callback.mode == "min" else -torch.inf)
+        callback.best_k_models = {}
+        callback.kth_best_model_path = ""
+        callback.kth_value = worst
+        callback.best_model_score = None
+        callback.best_model_path = ""
+        callback.current_score = None
+    for callback in trainer.early_stopping_callbacks:
+        callback.wait_count = 0
+        callback.stopped_epoch = 0
+        callback.best_score = torch.tensor(torch.inf if callback.mode == "min" else -torch.inf)
