@@ -84,7 +84,10 @@ def validation_key(datamodule: Any) -> str | None:
     """Identifies what a fit validates on (the val split's states and the premises); None without such data."""
     if datamodule is None or not hasattr(datamodule, "states") or not hasattr(datamodule, "corpus"):
         return None
-    states = datamodule.states("val")
+    try:
+        states = datamodule.states("val")
+    except LeanAgentError:  # no val split (a fit that never validates): nothing to select on
+        return None
     digest = hashlib.sha256(datamodule.corpus.premise_set_key.encode())
     for name, state in zip(states.theorem_names, states.states):
         digest.update(f"\x01{name}\x00{state}".encode())
