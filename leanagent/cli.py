@@ -156,7 +156,6 @@ class LeanAgentCLI(LightningCLI):
                 "trainer.max_epochs as given" if explicit is not None and explicit >= 0 else "progressive training",
             )
 
-
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         """The Trainer in the precision this machine runs well (leanagent/precision.py); the config, and the
         config.yaml a run saves, keep the configured one, so that the same file still means bf16 on a GPU."""

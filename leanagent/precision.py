@@ -8,13 +8,10 @@ So on such a CPU, `cpu_bf16: auto` (the default) runs float32 instead and says s
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Literal
 
 from leanagent import compat
 from leanagent.distributed import uses_cpu
-
-log = logging.getLogger("leanagent")
 
 CpuBf16 = Literal["auto", "always"]
 BF16_PRECISIONS = ("bf16", "bf16-mixed", "bf16-true")
@@ -25,9 +22,7 @@ def run_precision(precision: Any, accelerator: str = "auto", cpu_bf16: CpuBf16 =
     """`precision`, or float32 where it names bf16, the run is on a CPU without native bf16, and `cpu_bf16` is auto."""
     if cpu_bf16 == "always" or str(precision) not in BF16_PRECISIONS or not uses_cpu(str(accelerator)):
         return precision
-    if compat.cpu_has_native_bf16():
-        return precision
-    return CPU_FALLBACK
+    return precision if compat.cpu_has_native_bf16() else CPU_FALLBACK
 
 
 def describe_fallback(precision: Any, resolved: Any) -> str | None:

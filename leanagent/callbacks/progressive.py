@@ -57,7 +57,6 @@ class ProgressiveTraining(Callback):
         if epochs_per_repo < 1:
             raise LeanAgentError(f"progressive.epochs_per_repo must be at least 1, got {epochs_per_repo}")
         self.epochs_per_repo = epochs_per_repo
-
         self._validation_key: str | None = None
         self._restored_key: str | None = None
 
