@@ -66,7 +66,8 @@ def merge_parser(**kwargs: Any) -> ArgumentParser:
     parser.add_argument("-c", "--config", action=ActionConfigFile, help="a YAML file of settings")
     parser.add_argument("sources", nargs="+", type=str, help="dataset folders (corpus.jsonl and split folders)")
     parser.add_argument("--out", type=str, required=True, help="the merged dataset folder to write")
-    parser.add_argument("--split", type=list[str], default=list(DEFAULT_SPLITS), help="split folders to merge")
+    # One name (`--split random`) or a list (`--split '[random, novel_premises]'`).
+    parser.add_argument("--split", type=str | list[str], default=list(DEFAULT_SPLITS), help="split folders to merge")
     parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it exists")
     return parser
 

@@ -246,3 +246,13 @@ def test_merge_command_writes_the_union_and_reports_errors_in_one_line(sources, 
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "already exists" in err and str(out) in err
+
+
+@pytest.mark.parametrize("split", [["--split", "random"], ["--split", "[random]"]])
+def test_the_merge_command_takes_one_split_name_or_a_list(split, sources, tmp_path):
+    from leanagent.cli import main
+
+    out = tmp_path / "merged"
+    main(["merge", *map(str, sources), "--out", str(out), *split])  # a parse error would exit 2
+    assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "random"]  # only the split asked for
+    assert read_merged(out)[1]["val"]
