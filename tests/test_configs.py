@@ -32,7 +32,8 @@ def test_config_parses_and_resolves_the_strategy(config: Path, clean_env, tmp_pa
     if not is_preset(raw["model"].get("init_args", {}).get("model_name", "byt5-tiny")):
         overrides.append("--model.init_args.model_name=byt5-tiny")  # no download in tests
     if "FisherInformation" in config.read_text():
-        overrides.append(f"--model.init_args.ckpt_path={retriever_checkpoint}")
+        # the fixture is a byt5-tiny checkpoint; the shipped Fisher config names the main job's byt5-mini
+        overrides += [f"--model.init_args.ckpt_path={retriever_checkpoint}", "--model.init_args.model_name=byt5-tiny"]
     cli = LeanAgentCLI(args=["--config", str(config), *overrides], run=False)
     config_ns = cli.config
     strategy = config_ns.trainer.strategy

@@ -47,7 +47,7 @@ def test_init_from_a_checkpoint(retriever_checkpoint):
 
 def test_weights_of_another_shape_are_refused(tiny_weights):
     path, _ = tiny_weights
-    with pytest.raises(LeanAgentError, match="holds a 'byt5-tiny' encoder, but model.model_name is 'byt5-mini'"):
+    with pytest.raises(LeanAgentError, match="holds a 'byt5-tiny' encoder, but model.model_name is 'byt5-mini' \(model.init_from=null trains"):
         PremiseRetriever(model_name="byt5-mini", init_from=str(path))
     unnamed = dict(_encoder_state(PremiseRetriever(model_name="byt5-mini")))
     save_encoder(path, unnamed, "byt5-tiny")  # a header that lies about the shape: the shapes still decide
@@ -83,8 +83,10 @@ def test_the_shipped_retriever_loads_by_name_offline_and_says_how_it_was_made():
     assert record["data_sha256"]
     import yaml
 
-    for recipe in ("configs/recipes/project.yaml",):  # the configs that start from it name its encoder
-        assert yaml.safe_load((REPO / recipe).read_text())["model"]["init_args"]["model_name"] == record["model_name"]
+    # The main job starts from it (and the project recipe, an overlay on it, with it): it names the base's encoder.
+    shipped = yaml.safe_load((REPO / "configs/retrieval.yaml").read_text())["model"]["init_args"]
+    assert shipped["init_from"] == "leanagent-base" and shipped["model_name"] == record["model_name"]
+    assert "model_name" not in (yaml.safe_load((REPO / "configs/recipes/project.yaml").read_text())["model"].get("init_args") or {})
     model = PremiseRetriever(model_name=record["model_name"], init_from="leanagent-base")
     tensors = load_encoder("leanagent-base", record["model_name"], dict(model.encoder_parameters()))
     assert all(torch.equal(p, tensors[n]) for n, p in model.encoder_parameters())
@@ -94,17 +96,16 @@ def test_the_shipped_retriever_loads_by_name_offline_and_says_how_it_was_made():
 @pytest.mark.parametrize("case", ["unknown name", "truncated file", "another shape", "not a split folder"])
 def test_bad_starting_points_and_project_folders_give_one_error_line_and_write_nothing(case, tiny_weights, tmp_path):
     path, _ = tiny_weights
-    args = ["fit", "--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1",
-            "--model.init_args.model_name=byt5-tiny"]
+    args = ["fit", "--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1"]
     if case == "unknown name":
-        args.append("--model.init_args.init_from=leanagent-nothing")
+        args += ["--model.init_args.model_name=byt5-tiny", "--model.init_args.init_from=leanagent-nothing"]
     elif case == "truncated file":
         broken = tmp_path / "broken.safetensors"
         broken.write_bytes(path.read_bytes()[:100])
-        args.append(f"--model.init_args.init_from={broken}")
-    elif case == "another shape":
-        args += [f"--model.init_args.init_from={path}", "--model.init_args.model_name=byt5-mini"]
-    else:
+        args += ["--model.init_args.model_name=byt5-tiny", f"--model.init_args.init_from={broken}"]
+    elif case == "another shape":  # byt5-tiny weights for the shipped config's byt5-mini
+        args.append(f"--model.init_args.init_from={path}")
+    else:  # the shipped start (leanagent-base), a dataset folder that is not a split folder
         args += [f"--data.data_path={REPO / 'data/batteries'}", f"--data.corpus_path={REPO / 'data/batteries/corpus.jsonl'}"]
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -77,6 +77,7 @@ def load_encoder(
     if saved_name is not None and saved_name != model_name:
         raise LeanAgentError(
             f"model.init_from: {path} holds a '{saved_name}' encoder, but model.model_name is '{model_name}'"
+            " (model.init_from=null trains it from random weights)"
         )
     check_state_dict(tensors, expected, f"model.init_from: {path} ('{model_name}' encoder)")
     for name in expected:
