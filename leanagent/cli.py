@@ -132,6 +132,12 @@ class LeanAgentCLI(LightningCLI):
         adopted = adopt_checkpoint_hparams(config, self._checkpoint, self.explicit_model_keys(subcommand))
         if adopted:
             log.info("from checkpoint %s: %s", ckpt_path, ", ".join(f"{k}={v!r}" for k, v in adopted.items()))
+        init_args = config.model.get("init_args") if isinstance(config.get("model"), Namespace) else None
+        if isinstance(init_args, Namespace) and init_args.get("init_from") is not None:
+            # The checkpoint's weights replace whatever the model starts from: loading init_from too would cost
+            # a read and, for a checkpoint of another shape, fail on a file this run does not use.
+            log.info("--ckpt_path gives the weights: model.init_from %r is not loaded", init_args.init_from)
+            init_args.init_from = None
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config

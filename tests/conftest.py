@@ -136,14 +136,18 @@ def _no_process_group_leak():
 @pytest.fixture(scope="session")
 def retriever_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained byt5-tiny retriever saved as a Lightning checkpoint would be, without running fit."""
+    return untrained_checkpoint(tmp_path_factory.mktemp("ckpt") / "retriever.ckpt", "byt5-tiny")
+
+
+def untrained_checkpoint(path: Path, model_name: str, seed: int = 0) -> Path:
+    """A randomly initialised retriever of `model_name`, saved as LightningCLI would save a checkpoint."""
     import pytorch_lightning as pl
     import torch
 
     from leanagent.models.retriever import PremiseRetriever
 
-    pl.seed_everything(0)
-    model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=64)
-    path = tmp_path_factory.mktemp("ckpt") / "retriever.ckpt"
+    pl.seed_everything(seed)
+    model = PremiseRetriever(model_name=model_name, max_seq_len=64)
     hparams = {"_class_path": "leanagent.models.retriever.PremiseRetriever", **model.hparams}  # as LightningCLI saves it
     torch.save({"state_dict": model.state_dict(), "hyper_parameters": hparams, "pytorch-lightning_version": pl.__version__}, path)
     return path

@@ -66,7 +66,8 @@ def test_validate_with_a_mismatched_checkpoint(tmp_path, toy_dataset, retriever_
     checkpoint["state_dict"][name] = torch.zeros(2, 2)
     bad = tmp_path / "bad.ckpt"
     torch.save(checkpoint, bad)
-    result = run_cli(["validate", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={bad}"], cwd=tmp_path)
+    result = run_cli(["validate", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={bad}",
+                      "--model.init_args.model_name=byt5-tiny"], cwd=tmp_path)  # the fixture's architecture
     assert_one_error(result, "checkpoint does not match the model", name)
 
 

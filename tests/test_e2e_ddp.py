@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from leanagent.data.datamodule import RetrievalDataModule
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, untrained_checkpoint
 
 pytestmark = pytest.mark.slow  # real subprocesses
 
@@ -94,7 +94,11 @@ def test_last_checkpoint_is_the_final_epoch_and_the_lr_decays_over_the_fit(train
     assert saved["epoch"] == 1 and saved["global_step"] == len(lrs) >= 8  # 2 epochs (epochs_per_repo=2), every step
     fit = saved["leanagent_fit"]
     assert (fit["start_epoch"], fit["start_step"], fit["max_epochs"], fit["finished"]) == (0, 0, 2, True)
-    peak = 2.0e-3  # retrieval.yaml's lr, warmup_steps 2
+    import yaml
+
+    settings = yaml.safe_load(Path(RETRIEVAL).read_text())["model"]["init_args"]
+    assert settings["warmup_steps"] == 2
+    peak = settings["lr"]
     assert lrs[:3] == pytest.approx([0.0, peak / 2, peak])
     assert lrs[-1] < 0.05 * peak
     assert "this fit trains to max_epochs=2 (progressive training)" in log
@@ -120,11 +124,11 @@ def test_given_max_epochs_lr_and_loss_win_over_the_checkpoint(trained, tmp_path,
     assert max(lrs) == pytest.approx(1e-5) and lrs[-1] < 0.05 * 1e-5 and lrs[0] == 0.0  # this fit's own warmup
 
 
-def test_the_same_ewc_command_twice_reads_theta_star_from_the_fisher_file(trained, tmp_path, mini_dataset, retriever_checkpoint):
+def test_the_same_ewc_command_twice_reads_theta_star_from_the_fisher_file(trained, tmp_path, mini_dataset):
     checkpoint, _ = trained
     (tmp_path / "checkpoints" / "retrieval").mkdir(parents=True)
     source = tmp_path / "checkpoints" / "retrieval" / "last.ckpt"  # theta*, which the EWC fit below writes over
-    source.write_bytes(retriever_checkpoint.read_bytes())
+    untrained_checkpoint(source, torch.load(checkpoint, weights_only=True)["hyper_parameters"]["model_name"])
     start = tmp_path / "start.ckpt"
     start.write_bytes(checkpoint.read_bytes())
     fisher = run_cli(["fit", "--config", FISHER, *common(1), *data_args(mini_dataset), "--trainer.precision=32-true",
@@ -159,7 +163,8 @@ def test_leanagent_fisher_on_two_ranks_squares_the_rank_averaged_gradient(traine
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    module = FisherInformation(ckpt_path=str(checkpoint), mode="leanagent", max_seq_len=64)
+    model_name = torch.load(checkpoint, weights_only=True)["hyper_parameters"]["model_name"]
+    module = FisherInformation(ckpt_path=str(checkpoint), mode="leanagent", model_name=model_name, max_seq_len=64)
     data = RetrievalDataModule(data_path=str(mini_dataset / "random"), corpus_path=str(mini_dataset / "corpus.jsonl"), max_seq_len=64)
     pairs = data.train_pairs
     n, world, batch = len(pairs), 2, 3

@@ -92,6 +92,20 @@ def test_the_shipped_retriever_loads_by_name_offline_and_says_how_it_was_made():
     assert all(torch.equal(p, tensors[n]) for n, p in model.encoder_parameters())
 
 
+def test_a_checkpoint_gives_the_weights_so_the_configs_start_is_not_loaded(toy_dataset, retriever_checkpoint, tmp_path,
+                                                                          monkeypatch, capsys):
+    """The shipped config starts from leanagent-base (byt5-mini); validating a byt5-tiny checkpoint with it needs only
+    model_name, not also init_from=null: with the base loaded as well, the shapes would clash."""
+    from leanagent.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["validate", "--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1",
+          "--trainer.enable_progress_bar=false", f"--data.data_path={toy_dataset / 'random'}",
+          f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", "--data.max_seq_len=32",
+          "--model.init_args.model_name=byt5-tiny", f"--ckpt_path={retriever_checkpoint}"])
+    assert "Recall@10_val" in capsys.readouterr().out  # it validated, where loading leanagent-base too was an error
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["unknown name", "truncated file", "another shape", "not a split folder"])
 def test_bad_starting_points_and_project_folders_give_one_error_line_and_write_nothing(case, tiny_weights, tmp_path):

@@ -104,10 +104,14 @@ def test_killed_in_stage_one_then_resumed_equals_an_uninterrupted_run(repos, str
         (metrics,) = stage.glob("fit/lightning_logs/retrieval/version_*/metrics.csv")
         penalties = [float(r["ewc_penalty_train_step"]) for r in csv.DictReader(metrics.open()) if r.get("ewc_penalty_train_step")]
         assert penalties and max(penalties) > 0, stage.name
+    import yaml
+
+    settings = yaml.safe_load((REPO / "configs" / "retrieval.yaml").read_text())["model"]["init_args"]
+    peak, warmup = settings["lr"], settings["warmup_steps"]  # the stages' config
     for stage in sorted((straight / "stages").iterdir()):  # each stage's fit has its own whole schedule
         lrs = stage_learning_rates(stage)
         assert len(lrs) >= 3
-        assert lrs == pytest.approx([2.0e-3 * warmup_cosine(2, len(lrs))(i) for i in range(len(lrs))])  # retrieval.yaml
+        assert lrs == pytest.approx([peak * warmup_cosine(warmup, len(lrs))(i) for i in range(len(lrs))])
 
 
 def stage_learning_rates(stage: Path) -> list[float]:
