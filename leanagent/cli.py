@@ -132,8 +132,8 @@ class LeanAgentCLI(LightningCLI):
         adopted = adopt_checkpoint_hparams(config, self._checkpoint, self.explicit_model_keys(subcommand))
         if adopted:
             log.info("from checkpoint %s: %s", ckpt_path, ", ".join(f"{k}={v!r}" for k, v in adopted.items()))
-        init_args = config.model.get("init_args") if isinstance(config.get("model"), Namespace) else None
-        if isinstance(init_args, Namespace) and init_args.get("init_from") is not None:
+        init_args = model_init_args(config)
+        if init_args.get("init_from") is not None:
             # The checkpoint's weights replace whatever the model starts from: loading init_from too would cost
             # a read and, for a checkpoint of another shape, fail on a file this run does not use.
             log.info("--ckpt_path gives the weights: model.init_from %r is not loaded", init_args.init_from)
@@ -261,6 +261,13 @@ def check_device_count(devices: Any) -> None:
         raise LeanAgentError(f"trainer.devices must be a positive number of devices, -1 or 'auto', got {devices!r}")
 
 
+def model_init_args(config: Namespace) -> Namespace:
+    """The model's init_args, as a Namespace that assignments reach (an empty, detached one when there are none)."""
+    model = config.get("model")
+    init_args = model.get("init_args") if isinstance(model, Namespace) else None
+    return init_args if isinstance(init_args, Namespace) else Namespace()
+
+
 def check_outputs_writable(config: Namespace) -> None:
     """Find an unwritable output folder now, not after an epoch of training."""
     outputs: list[tuple[str, str]] = []
@@ -273,7 +280,7 @@ def check_outputs_writable(config: Namespace) -> None:
     logger = config.trainer.get("logger")
     if isinstance(logger, Namespace) and logger.get("init_args", Namespace()).get("save_dir"):
         outputs.append(("trainer.logger save_dir", logger.init_args.save_dir))
-    model_args = config.model.get("init_args", Namespace()) if isinstance(config.get("model"), Namespace) else Namespace()
+    model_args = model_init_args(config)
     if model_args.get("output_path"):
         outputs.append(("model.init_args.output_path", str(Path(model_args.output_path).parent)))
     for what, folder in outputs:
@@ -297,7 +304,7 @@ def adopt_checkpoint_hparams(config: Namespace, checkpoint: dict[str, Any], expl
         raise LeanAgentError(
             f"--ckpt_path holds a {class_path.rsplit('.', 1)[-1]}, but the model is {model.class_path.rsplit('.', 1)[-1]}"
         )
-    init_args = model.get("init_args") or Namespace()
+    init_args = model_init_args(config)
     adopted: dict[str, Any] = {}
     for key, saved in hparams.items():
         if key in LINKED_KEYS or key not in init_args:

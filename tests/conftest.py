@@ -153,6 +153,13 @@ def untrained_checkpoint(path: Path, model_name: str, seed: int = 0) -> Path:
     return path
 
 
+def main_job_model_settings() -> dict:
+    """`model.init_args` of configs/retrieval.yaml: what a test of the main job's schedule or start expects."""
+    import yaml
+
+    return yaml.safe_load((REPO / "configs" / "retrieval.yaml").read_text())["model"]["init_args"]
+
+
 def small_fit_args(dataset: Path, devices: int = 2, num_workers: int = 0) -> list[str]:
     """`main.py fit` on a small dataset: the shipped recipe, 2 epochs of batch 4, float32 for exact comparisons."""
     return [

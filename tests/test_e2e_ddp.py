@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from leanagent.data.datamodule import RetrievalDataModule
 
-from tests.conftest import REPO, run_cli, untrained_checkpoint
+from tests.conftest import REPO, main_job_model_settings, run_cli, untrained_checkpoint
 
 pytestmark = pytest.mark.slow  # real subprocesses
 
@@ -94,9 +94,7 @@ def test_last_checkpoint_is_the_final_epoch_and_the_lr_decays_over_the_fit(train
     assert saved["epoch"] == 1 and saved["global_step"] == len(lrs) >= 8  # 2 epochs (epochs_per_repo=2), every step
     fit = saved["leanagent_fit"]
     assert (fit["start_epoch"], fit["start_step"], fit["max_epochs"], fit["finished"]) == (0, 0, 2, True)
-    import yaml
-
-    settings = yaml.safe_load(Path(RETRIEVAL).read_text())["model"]["init_args"]
+    settings = main_job_model_settings()
     assert settings["warmup_steps"] == 2
     peak = settings["lr"]
     assert lrs[:3] == pytest.approx([0.0, peak / 2, peak])

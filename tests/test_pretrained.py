@@ -12,7 +12,7 @@ import torch
 from leanagent.errors import LeanAgentError
 from leanagent.models.retriever import PremiseRetriever
 from leanagent.pretrained import SHIPPED_DIR, load_encoder, save_encoder, shipped_names
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, main_job_model_settings, run_cli
 
 
 def _encoder_state(model: PremiseRetriever) -> dict[str, torch.Tensor]:
@@ -84,7 +84,7 @@ def test_the_shipped_retriever_loads_by_name_offline_and_says_how_it_was_made():
     import yaml
 
     # The main job starts from it (and the project recipe, an overlay on it, with it): it names the base's encoder.
-    shipped = yaml.safe_load((REPO / "configs/retrieval.yaml").read_text())["model"]["init_args"]
+    shipped = main_job_model_settings()
     assert shipped["init_from"] == "leanagent-base" and shipped["model_name"] == record["model_name"]
     assert "model_name" not in (yaml.safe_load((REPO / "configs/recipes/project.yaml").read_text())["model"].get("init_args") or {})
     model = PremiseRetriever(model_name=record["model_name"], init_from="leanagent-base")

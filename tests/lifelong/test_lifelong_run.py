@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from leanagent.models.schedule import warmup_cosine
-from tests.conftest import REPO, write_subset
+from tests.conftest import REPO, main_job_model_settings, write_subset
 
 pytestmark = pytest.mark.slow  # real subprocesses
 
@@ -104,9 +104,7 @@ def test_killed_in_stage_one_then_resumed_equals_an_uninterrupted_run(repos, str
         (metrics,) = stage.glob("fit/lightning_logs/retrieval/version_*/metrics.csv")
         penalties = [float(r["ewc_penalty_train_step"]) for r in csv.DictReader(metrics.open()) if r.get("ewc_penalty_train_step")]
         assert penalties and max(penalties) > 0, stage.name
-    import yaml
-
-    settings = yaml.safe_load((REPO / "configs" / "retrieval.yaml").read_text())["model"]["init_args"]
+    settings = main_job_model_settings()
     peak, warmup = settings["lr"], settings["warmup_steps"]  # the stages' config
     for stage in sorted((straight / "stages").iterdir()):  # each stage's fit has its own whole schedule
         lrs = stage_learning_rates(stage)
