@@ -32,6 +32,7 @@ from leanagent.distributed import (
 from leanagent.cli_errors import check_replaced_configs, summarize_parse_error, user_error
 from leanagent.compat import add_subcommand
 from leanagent.errors import LeanAgentError
+from leanagent.interrupts import Interrupted, stop_on_signals
 from leanagent.io import ensure_writable
 from leanagent.precision import CpuBf16, describe_fallback, run_precision
 from leanagent.lifelong.commands import COMMANDS
@@ -176,7 +177,11 @@ class LeanAgentCLI(LightningCLI):
             return
         callback = self.trainer.checkpoint_callback
         best = getattr(callback, "best_model_path", "") if callback is not None else ""
-        logged = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, verbose=False)
+        # The fit is done and saved: a signal now stops only the test, which the advice reruns on its own.
+        advice = (f"the fit had finished: test its best checkpoint with `main.py test` and --ckpt_path={best}" if best
+                  else "the fit had finished: test it with `main.py test`")
+        with stop_on_signals("the test after fit", advice):
+            logged = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, verbose=False)
         if self.trainer.is_global_zero and logged:
             print(format_rankings(logged[0], "test", best or "the final weights"), flush=True)
 
@@ -341,16 +346,20 @@ def main(args: list[str] | None = None) -> None:
     _setup_logging()
     argv = sys.argv[1:] if args is None else args
     _install_fault_handling()
+    command = argv[0] if argv and not argv[0].startswith("-") else "the command"
     try:
         check_replaced_configs(argv)
-        LeanAgentCLI(args=args)
+        # Outside a fit's training steps (which the preemption callback stops with a checkpoint), a signal
+        # stops the command at once with one line, instead of Lightning's silent exit 0 (leanagent/interrupts.py).
+        with stop_on_signals(command):
+            LeanAgentCLI(args=args)
     except CommandFinished:
         return
-    except Preempted as stop:
+    except (Preempted, Interrupted) as stop:
         # Inside a lifelong stage the runner says what to do (rerun the lifelong command), not --ckpt_path.
         stage = os.environ.get("LEANAGENT_LIFELONG_STAGE") == "1"
         if not stage and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") in ("", "0"):
-            print(f"preempted: {stop}", file=sys.stderr)
+            print(f"preempted: {stop}" if isinstance(stop, Preempted) else f"error: {stop}", file=sys.stderr)
         sys.exit(128 + stop.signum)
     except ArgumentError as e:
         print(f"error: {summarize_parse_error(str(e), argv)}", file=sys.stderr)

@@ -41,6 +41,44 @@ class SignalAtStep(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class PauseInEvaluation(Callback):
+    """Rank 0's first validation or test batch (not the sanity check) touches `ready`, then sleeps `seconds`:
+    a window for a signal inside Lightning's evaluation loop. Later batches run as usual."""
+
+    def __init__(self, ready: str, seconds: float = 30.0) -> None:
+        self.ready = ready
+        self.seconds = seconds
+        self.paused = False
+
+    def _pause(self, trainer: pl.Trainer) -> None:
+        if self.paused or trainer.global_rank != 0 or trainer.sanity_checking:
+            return
+        self.paused = True
+        open(self.ready, "w").close()
+        time.sleep(self.seconds)
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._pause(trainer)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._pause(trainer)
+
+
+def pause_lifelong_evaluations(ready: str, seconds: float = 30.0) -> None:
+    """In this process, the lifelong runner's in-process evaluations get a `PauseInEvaluation` (its stages,
+    separate processes, are untouched). For `python -c` wrappers of main.py in real-process tests."""
+    from leanagent.lifelong import evaluation
+
+    make = evaluation.evaluation_trainer
+
+    def paused(precision: str = "32-true") -> pl.Trainer:
+        trainer = make(precision)
+        trainer.callbacks.append(PauseInEvaluation(ready, seconds))
+        return trainer
+
+    evaluation.evaluation_trainer = paused
+
+
 class Dropout(Callback):
     """Turns on dropout with rate `p` in every dropout layer of the model (the presets have none; ByT5-small has 0.1)."""
 

@@ -144,3 +144,31 @@ def test_ctrl_c_to_the_process_group_saves_and_the_same_command_finishes_the_fit
     for name, tensor in expected["state_dict"].items():
         torch.testing.assert_close(final["state_dict"][name], tensor, rtol=0, atol=1e-6)
     assert recall == pytest.approx(expected_recall, abs=1e-6)
+
+
+@pytest.mark.parametrize("subcommand, signal_name, to_group", [("validate", "SIGTERM", False), ("test", "SIGINT", True)])
+def test_a_signal_during_validate_or_test_exits_non_zero_with_one_line(tmp_path, mini_dataset, trained_run,
+                                                                       subcommand, signal_name, to_group):
+    """Outside a fit's training steps Lightning turns SIGTERM into SystemExit(None), exit 0 in silence, and
+    Ctrl-C into a bare exit 1: a preempted evaluation must not look finished."""
+    folder, _ = trained_run
+    ready = tmp_path / "evaluating"
+    args = ["--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.precision=32-true",
+            f"--data.data_path={mini_dataset / 'random'}", f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}",
+            "--data.max_seq_len=64", "--trainer.callbacks+=tests.helpers.PauseInEvaluation",
+            f"--trainer.callbacks.ready={ready}", f"--ckpt_path={folder / 'checkpoints' / 'retrieval' / 'last.ckpt'}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, str(REPO / "main.py"), subcommand, *args], cwd=tmp_path, env=env,
+                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ready.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    signum = signal.Signals[signal_name]
+    if ready.exists():
+        os.killpg(process.pid, signum) if to_group else os.kill(process.pid, signum)
+    _, stderr = process.communicate(timeout=120)
+    assert ready.exists(), stderr[-3000:]
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    errors = [l for l in stderr.splitlines() if l.startswith("error")]
+    assert errors == [f"error: {subcommand} stopped by {signal_name}; run the same command again"], stderr[-3000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr

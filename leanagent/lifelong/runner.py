@@ -29,6 +29,7 @@ from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.penalty import combine_fisher
+from leanagent.interrupts import Interrupted, stop_on_signals
 from leanagent.io import atomic_write, ensure_writable, read_json, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
@@ -133,14 +134,7 @@ def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
     )
 
 
-class StageInterrupted(LeanAgentError):
-    """SIGTERM or Ctrl-C reached a stage, which saved its place; the same command continues it."""
-
-    def __init__(self, exit_code: int, message: str) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
+RESUME = "run the same command again to continue from where it stopped"
 STAGE_ENV = "LEANAGENT_LIFELONG_STAGE"  # set in a stage's environment: the runner speaks for it
 
 
@@ -194,10 +188,7 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if received:
-        raise StageInterrupted(128 + received[0],
-            f"{what} stopped by {signal.Signals(received[0]).name} (exit code {returncode}); "
-            "run the same command again to continue from where it stopped"
-        )
+        raise Interrupted(received[0], f"{what} stopped by {signal.Signals(received[0]).name} (exit code {returncode}); {RESUME}")
     if returncode != 0:
         raise LeanAgentError(f"{what} failed with exit code {returncode} (logs in {cwd})")
 
@@ -224,6 +215,12 @@ class LifelongRun:
 
     def run(self) -> dict:
         """Run (or finish) every stage; returns the report summary that results.json holds."""
+        # A signal in this process (between stages' commands, in an evaluation) stops the run with one line
+        # and 128 + signal; finished stages are kept, the stopped one is redone (leanagent/interrupts.py).
+        with stop_on_signals("the lifelong run", RESUME):
+            return self._run_all()
+
+    def _run_all(self) -> dict:
         s = self.settings
         ensure_writable(self.out, "output_dir")
         self.out.mkdir(parents=True, exist_ok=True)
@@ -232,7 +229,8 @@ class LifelongRun:
         state = self._load_state(order)
         write_json(self.state_path, state)
         for index in range(len(state["stages"]), len(order)):
-            stage = self._run_stage(index, order, repos, state)
+            with stop_on_signals(f"stage {index} on {order[index]}", RESUME):
+                stage = self._run_stage(index, order, repos, state)
             state["stages"].append(stage)
             write_json(self.state_path, state)
             log.info("stage %d/%d (%s) done", index + 1, len(order), order[index])

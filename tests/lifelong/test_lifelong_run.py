@@ -165,3 +165,40 @@ def test_ctrl_c_to_the_process_group_stops_the_stage_once_and_the_same_command_f
     a = json.loads((out / "results.json").read_text())
     b = json.loads((straight / "results.json").read_text())
     assert_same_rows(a["evaluations"], b["evaluations"])
+
+
+@pytest.mark.parametrize("signal_name, to_group", [("SIGTERM", False), ("SIGINT", True)])
+def test_a_signal_in_the_runners_own_evaluation_stops_the_run_and_the_same_command_finishes_it(
+        repos, straight, tmp_path, signal_name, to_group):
+    """`kill PID` of the runner, or a terminal's Ctrl-C, while the runner itself evaluates (no stage process
+    to pass it to): exit 128 + signal with one line, not Lightning's silent exit 0; the rerun redoes that
+    stage's evaluation only and ends with the table of an uninterrupted run."""
+    out = tmp_path / "interrupted"
+    ready = tmp_path / "evaluating"
+    wrapper = ["-c", f"import tests.helpers as h; h.pause_lifelong_evaluations({str(ready)!r}); "
+                     "from leanagent.cli import main; main()"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "stderr.txt", "w") as err:  # a file, not a pipe: the stages write into it too
+        process = subprocess.Popen([sys.executable, *wrapper, *command(repos, out)[2:]], cwd=tmp_path, env=env,
+                                   start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.time() + 600
+        while not ready.exists() and process.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        signum = signal.Signals[signal_name]
+        if ready.exists():
+            os.killpg(process.pid, signum) if to_group else os.kill(process.pid, signum)
+        process.wait(timeout=120)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert ready.exists(), stderr[-4000:]
+    assert process.returncode == 128 + signum, stderr[-4000:]
+    assert re.search(rf"error: stage 0 on unionfind stopped by {signal_name}; run the same command again", stderr), stderr[-4000:]
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert json.loads((out / "state.json").read_text())["stages"] == [] and not (out / "results.json").exists()
+
+    resumed = run(repos, out, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "stage 0: its fit had finished before the interruption" in resumed.stderr
+    assert "stage 0 Fisher" not in resumed.stderr  # its Fisher was done too
+    a = json.loads((out / "results.json").read_text())
+    b = json.loads((straight / "results.json").read_text())
+    assert_same_rows(a["evaluations"], b["evaluations"])
