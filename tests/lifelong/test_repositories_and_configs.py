@@ -52,13 +52,14 @@ LIFELONG_CONFIGS = {"lifelong.yaml": ["lifelong.yaml"], "lifelong_mathlib": ["li
 def test_lifelong_configs_parse(name):
     settings = parse_lifelong(config_args(LIFELONG_CONFIGS[name]))
     assert settings.order == "curriculum" and settings.construction == "single_repo"
-    assert settings.epochs_per_repo == 1 and settings.ewc.enabled is False
+    assert settings.ewc.form == "leanagent" and settings.ewc.gamma == 0.0  # LeanAgent's EWC, whether on or off
     from leanagent.lifelong.runner import config_list
 
     for config in [*config_list(settings.retrieval_config), *config_list(settings.fisher_config)]:
         assert (REPO / config).is_file(), config
-    variant = parse_lifelong([*config_args(LIFELONG_CONFIGS[name]), "--construction=merge_all", "--ewc.enabled=true"])
-    assert variant.construction == "merge_all" and variant.ewc.enabled
+    flipped = str(not settings.ewc.enabled).lower()
+    variant = parse_lifelong([*config_args(LIFELONG_CONFIGS[name]), "--construction=merge_all", f"--ewc.enabled={flipped}"])
+    assert variant.construction == "merge_all" and variant.ewc.enabled is not settings.ewc.enabled
     assert settings_fingerprint(variant) != settings_fingerprint(settings)
 
 
