@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -77,6 +79,28 @@ def pause_lifelong_evaluations(ready: str, seconds: float = 30.0) -> None:
         return trainer
 
     evaluation.evaluation_trainer = paused
+
+
+def signal_when_ready(command: list[str], cwd: Path, ready: Path, signal_name: str, to_group: bool,
+                      wait: float = 600) -> tuple[int, str]:
+    """Start `command` (PYTHONPATH = the repository) in a session of its own; once it creates `ready`, send it
+    `signal_name`: to its whole process group (a terminal's Ctrl-C) or to it alone (`kill PID`). Returns its exit
+    code and stderr (from a file, not a pipe, which a long run would fill); asserts `ready` appeared."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    errors = cwd / "stderr.txt"
+    with open(errors, "w") as err:
+        process = subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.time() + wait
+        while not ready.exists() and process.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        if ready.exists():
+            signum = signal.Signals[signal_name]
+            os.killpg(process.pid, signum) if to_group else os.kill(process.pid, signum)
+        process.wait(timeout=120)
+    stderr = errors.read_text()
+    assert ready.exists(), stderr[-4000:]
+    return process.returncode, stderr
 
 
 class Dropout(Callback):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, run_cli, small_fit_args
+from tests.helpers import signal_when_ready
 
 pytestmark = pytest.mark.slow  # real subprocesses
 
@@ -157,18 +158,9 @@ def test_a_signal_during_validate_or_test_exits_non_zero_with_one_line(tmp_path,
             f"--data.data_path={mini_dataset / 'random'}", f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}",
             "--data.max_seq_len=64", "--trainer.callbacks+=tests.helpers.PauseInEvaluation",
             f"--trainer.callbacks.ready={ready}", f"--ckpt_path={folder / 'checkpoints' / 'retrieval' / 'last.ckpt'}"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([sys.executable, str(REPO / "main.py"), subcommand, *args], cwd=tmp_path, env=env,
-                               start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not ready.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.1)
-    signum = signal.Signals[signal_name]
-    if ready.exists():
-        os.killpg(process.pid, signum) if to_group else os.kill(process.pid, signum)
-    _, stderr = process.communicate(timeout=120)
-    assert ready.exists(), stderr[-3000:]
-    assert process.returncode == 128 + signum, stderr[-3000:]
+    returncode, stderr = signal_when_ready([sys.executable, str(REPO / "main.py"), subcommand, *args], tmp_path, ready,
+                                           signal_name, to_group, wait=300)
+    assert returncode == 128 + signal.Signals[signal_name], stderr[-3000:]
     errors = [l for l in stderr.splitlines() if l.startswith("error")]
     assert errors == [f"error: {subcommand} stopped by {signal_name}; run the same command again"], stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr

@@ -18,6 +18,7 @@ import torch
 
 from leanagent.models.schedule import warmup_cosine
 from tests.conftest import REPO, main_job_model_settings, write_subset
+from tests.helpers import signal_when_ready
 
 pytestmark = pytest.mark.slow  # real subprocesses
 
@@ -177,20 +178,9 @@ def test_a_signal_in_the_runners_own_evaluation_stops_the_run_and_the_same_comma
     ready = tmp_path / "evaluating"
     wrapper = ["-c", f"import tests.helpers as h; h.pause_lifelong_evaluations({str(ready)!r}); "
                      "from leanagent.cli import main; main()"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(tmp_path / "stderr.txt", "w") as err:  # a file, not a pipe: the stages write into it too
-        process = subprocess.Popen([sys.executable, *wrapper, *command(repos, out)[2:]], cwd=tmp_path, env=env,
-                                   start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = time.time() + 600
-        while not ready.exists() and process.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
-        signum = signal.Signals[signal_name]
-        if ready.exists():
-            os.killpg(process.pid, signum) if to_group else os.kill(process.pid, signum)
-        process.wait(timeout=120)
-    stderr = (tmp_path / "stderr.txt").read_text()
-    assert ready.exists(), stderr[-4000:]
-    assert process.returncode == 128 + signum, stderr[-4000:]
+    returncode, stderr = signal_when_ready([sys.executable, *wrapper, *command(repos, out)[2:]], tmp_path, ready,
+                                           signal_name, to_group)
+    assert returncode == 128 + signal.Signals[signal_name], stderr[-4000:]
     assert re.search(rf"error: stage 0 on unionfind stopped by {signal_name}; run the same command again", stderr), stderr[-4000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
     assert json.loads((out / "state.json").read_text())["stages"] == [] and not (out / "results.json").exists()
