@@ -20,7 +20,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from leanagent.errors import LeanAgentError
 
-__all__ = ["Interrupted", "stop_on_signals"]
+__all__ = ["SIGNALS", "Interrupted", "stop_on_signals"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

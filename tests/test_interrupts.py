@@ -10,12 +10,12 @@ import time
 import pytest
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from leanagent.interrupts import Interrupted, stop_on_signals
+from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_inside_raises_interrupted_at_once_with_its_exit_code(signum):
-    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    before = {s: signal.getsignal(s) for s in SIGNALS}
     start = time.monotonic()
     with pytest.raises(Interrupted) as stopped:
         with stop_on_signals("test", "run it again"):

@@ -29,7 +29,7 @@ from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.penalty import combine_fisher
-from leanagent.interrupts import Interrupted, stop_on_signals
+from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
 from leanagent.io import atomic_write, ensure_writable, read_json, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
@@ -181,7 +181,7 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
         if child.poll() is None:
             child.send_signal(signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous = {s: signal.signal(s, forward) for s in SIGNALS}  # what stop_on_signals would otherwise take
     try:
         returncode = child.wait()
     finally:
