@@ -161,16 +161,31 @@ def _own_process_group() -> dict:
     return {"preexec_fn": lambda: (os.setpgrp(), _die_with_parent(parent))}  # Python 3.10
 
 
-def _run(command: list[str], cwd: Path, what: str) -> None:
-    """Run a stage's command; SIGTERM and SIGINT sent to this process are passed on to it, not left behind."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    log.info("%s: %s", what, " ".join(command[2:]))
+def _stage_env() -> dict[str, str]:
     env = dict(os.environ)
     # Stages import the same leanagent as this process, whatever is installed elsewhere.
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     # The stage tells the user nothing about resuming itself: the runner's advice (rerun) is the one that holds.
     env[STAGE_ENV] = "1"
+    return env
+
+
+def _check_parses(command: list[str], cwd: Path, what: str) -> None:
+    """Parse a stage command without running it (`--print_config` exits after parsing), so that an argument its
+    config does not take fails before the first fit rather than after it."""
+    done = subprocess.run([*command, "--print_config"], cwd=cwd, env=_stage_env(), capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
+        reason = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1])
+        raise LeanAgentError(f"stage_args: the {what} command does not take them: {reason.removeprefix('error:').strip()}")
+
+
+def _run(command: list[str], cwd: Path, what: str) -> None:
+    """Run a stage's command; SIGTERM and SIGINT sent to this process are passed on to it, not left behind."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    log.info("%s: %s", what, " ".join(command[2:]))
+    env = _stage_env()
     # Its own process group: a terminal's Ctrl-C (or a killpg) reaches this process alone, which passes it
     # on once. In the terminal's group the stage would get it twice, and a second Ctrl-C stops a fit at once.
     child = subprocess.Popen(command, cwd=cwd, env=env, **_own_process_group())
@@ -228,6 +243,8 @@ class LifelongRun:
         order = repository_order(s, repos)
         state = self._load_state(order)
         write_json(self.state_path, state)
+        if not state["stages"]:
+            self._check_stage_commands(order, repos)
         for index in range(len(state["stages"]), len(order)):
             with stop_on_signals(f"stage {index} on {order[index]}", RESUME):
                 stage = self._run_stage(index, order, repos, state)
@@ -235,6 +252,17 @@ class LifelongRun:
             write_json(self.state_path, state)
             log.info("stage %d/%d (%s) done", index + 1, len(order), order[index])
         return write_report(self.out, state, s.metric_window)
+
+    def _check_stage_commands(self, order: list[str], repos: dict[str, Path]) -> None:
+        """stage_args go to every stage's fit and, with EWC, its Fisher command: both must take them."""
+        s = self.settings
+        data = repos[order[0]]
+        _check_parses(self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}"),
+                      self.out, "fit")
+        if s.ewc.enabled and len(order) > 1:
+            fisher = self.out / "stage-check"  # never written: the command is only parsed
+            _check_parses(self._fit_command(s.fisher_config, data, f"--model.init_args.ckpt_path={fisher}.ckpt",
+                                            f"--model.init_args.output_path={fisher}.safetensors"), self.out, "Fisher")
 
     def _stage_dir(self, index: int, name: str) -> Path:
         return self.out / "stages" / f"{index:02d}-{name}"

@@ -1,0 +1,40 @@
+"""stage_args reach every stage's fit and, with EWC, its Fisher command: one that either command does not take
+is refused before stage 0 trains, not after its fit (which on the Mathlib recipe is minutes in)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.lifelong.test_lifelong_run import tiny_repositories
+
+pytestmark = pytest.mark.slow  # real subprocesses
+
+
+def lifelong(repos: Path, out: Path, stage_args: list[str], ewc: bool) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "main.py"), "lifelong", "--config", str(REPO / "configs" / "lifelong.yaml"),
+               f"--output_dir={out}", f"--repositories.data_root={repos}", "--repositories.names=[unionfind, assoc]",
+               "--repositories.bundled=null", "--order=given", f"--ewc.enabled={str(ewc).lower()}",
+               f"--stage_args={json.dumps(stage_args)}",
+               f"--retrieval_config={REPO / 'configs' / 'retrieval.yaml'}", f"--fisher_config={REPO / 'configs' / 'fisher.yaml'}"]
+    return subprocess.run(command, cwd=out.parent, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("stage_args, ewc, refused_by", [
+    (["--model.init_args.lr=0.001"], True, "Fisher"),        # a fit setting the Fisher module has no place for
+    (["--model.init_args.no_such_option=1"], False, "fit"),   # taken by neither
+])
+def test_stage_args_a_stage_command_rejects_fail_before_any_stage_runs(tmp_path, stage_args, ewc, refused_by):
+    repos = tiny_repositories(tmp_path / "repos")
+    out = tmp_path / "out"
+    result = lifelong(repos, out, stage_args, ewc)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and f"the {refused_by} command does not take them" in errors[0], result.stderr[-3000:]
+    assert stage_args[0].split("=")[0].split(".")[-1] in errors[0]
+    assert not (out / "stages").exists()  # nothing trained
