@@ -171,14 +171,18 @@ def _stage_env() -> dict[str, str]:
     return env
 
 
-def _check_parses(command: list[str], cwd: Path, what: str) -> None:
-    """Parse a stage command without running it (`--print_config` exits after parsing), so that an argument its
-    config does not take fails before the first fit rather than after it."""
-    done = subprocess.run([*command, "--print_config"], cwd=cwd, env=_stage_env(), capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines() or [f"exit code {done.returncode}"]
-        reason = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1])
-        raise LeanAgentError(f"stage_args: the {what} command does not take them: {reason.removeprefix('error:').strip()}")
+def _check_parses(commands: dict[str, list[str]], cwd: Path) -> None:
+    """Parse stage commands without running them (`--print_config` exits after parsing; all at once), so that an
+    argument a stage config does not take fails before the first fit rather than after it."""
+    started = {what: subprocess.Popen([*command, "--print_config"], cwd=cwd, env=_stage_env(), text=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+               for what, command in commands.items()}
+    failed = {what: (child.communicate()[1], child.returncode) for what, child in started.items()}
+    for what, (stderr, returncode) in failed.items():
+        if returncode != 0:
+            lines = stderr.strip().splitlines() or [f"exit code {returncode}"]
+            reason = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1])
+            raise LeanAgentError(f"stage_args: the {what} command does not take them: {reason.removeprefix('error:').strip()}")
 
 
 def _run(command: list[str], cwd: Path, what: str) -> None:
@@ -257,12 +261,12 @@ class LifelongRun:
         """stage_args go to every stage's fit and, with EWC, its Fisher command: both must take them."""
         s = self.settings
         data = repos[order[0]]
-        _check_parses(self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}"),
-                      self.out, "fit")
+        commands = {"fit": self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}")}
         if s.ewc.enabled and len(order) > 1:
             fisher = self.out / "stage-check"  # never written: the command is only parsed
-            _check_parses(self._fit_command(s.fisher_config, data, f"--model.init_args.ckpt_path={fisher}.ckpt",
-                                            f"--model.init_args.output_path={fisher}.safetensors"), self.out, "Fisher")
+            commands["Fisher"] = self._fit_command(s.fisher_config, data, f"--model.init_args.ckpt_path={fisher}.ckpt",
+                                                   f"--model.init_args.output_path={fisher}.safetensors")
+        _check_parses(commands, self.out)
 
     def _stage_dir(self, index: int, name: str) -> Path:
         return self.out / "stages" / f"{index:02d}-{name}"
