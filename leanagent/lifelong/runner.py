@@ -177,8 +177,8 @@ def _check_parses(commands: dict[str, list[str]], cwd: Path) -> None:
     started = {what: subprocess.Popen([*command, "--print_config"], cwd=cwd, env=_stage_env(), text=True,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                for what, command in commands.items()}
-    failed = {what: (child.communicate()[1], child.returncode) for what, child in started.items()}
-    for what, (stderr, returncode) in failed.items():
+    results = {what: (child.communicate()[1], child.returncode) for what, child in started.items()}
+    for what, (stderr, returncode) in results.items():
         if returncode != 0:
             lines = stderr.strip().splitlines() or [f"exit code {returncode}"]
             reason = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1])
