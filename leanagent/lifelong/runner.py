@@ -261,11 +261,10 @@ class LifelongRun:
         """stage_args go to every stage's fit and, with EWC, its Fisher command: both must take them."""
         s = self.settings
         data = repos[order[0]]
-        commands = {"fit": self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}")}
+        commands = {"fit": self._stage_fit_command(data)}
         if s.ewc.enabled and len(order) > 1:
-            fisher = self.out / "stage-check"  # never written: the command is only parsed
-            commands["Fisher"] = self._fit_command(s.fisher_config, data, f"--model.init_args.ckpt_path={fisher}.ckpt",
-                                                   f"--model.init_args.output_path={fisher}.safetensors")
+            placeholder = self.out / "stage-check"  # never read or written: the command is only parsed
+            commands["Fisher"] = self._fisher_command(data, placeholder.with_suffix(".ckpt"), placeholder.with_suffix(".safetensors"))
         _check_parses(commands, self.out)
 
     def _stage_dir(self, index: int, name: str) -> Path:
@@ -287,7 +286,7 @@ class LifelongRun:
         data = self._training_data(index, order, repos, stage_dir)
         previous = state["stages"][-1] if state["stages"] else None
 
-        fit = self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}")
+        fit = self._stage_fit_command(data)
         start = previous["checkpoint"] if previous is not None else None
         if previous is not None and s.ewc.enabled and previous.get("fisher"):
             fit += [f"--model.init_args.fisher_path={previous['fisher']}",
@@ -365,9 +364,7 @@ class LifelongRun:
         hparams = load_checkpoint(checkpoint, f"stage {index} checkpoint").get("hyper_parameters") or {}
         shape = [f"--{key}={hparams[name]}" for key, name in
                  (("model.init_args.model_name", "model_name"), ("data.max_seq_len", "max_seq_len")) if name in hparams]
-        command = self._fit_command(
-            s.fisher_config, data, f"--model.init_args.ckpt_path={checkpoint}", f"--model.init_args.output_path={new}", *shape
-        )
+        command = self._fisher_command(data, checkpoint, new, *shape)
         _run(command, stage_dir / "fisher", f"stage {index} Fisher on {name}")
         combined = stage_dir / "fisher.safetensors"
         if previous is not None and previous.get("fisher"):
@@ -375,6 +372,14 @@ class LifelongRun:
         else:
             new.replace(combined)
         return combined
+
+    def _stage_fit_command(self, data: Path) -> list[str]:
+        s = self.settings
+        return self._fit_command(s.retrieval_config, data, f"--progressive.epochs_per_repo={s.epochs_per_repo}")
+
+    def _fisher_command(self, data: Path, checkpoint: Path, output: Path, *extra: str) -> list[str]:
+        return self._fit_command(self.settings.fisher_config, data, f"--model.init_args.ckpt_path={checkpoint}",
+                                 f"--model.init_args.output_path={output}", *extra)
 
     def _fit_command(self, configs: str | list[str], data: Path, *extra: str) -> list[str]:
         """`python -m leanagent fit` on a stage's data; the user's stage_args come last and win."""

@@ -34,12 +34,14 @@ def tiny_repositories(root: Path) -> Path:
     return root
 
 
-def command(repos: Path, out: Path) -> list[str]:
-    stage_args = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--data.max_seq_len=32", "--data.batch_size=2",
-                  "--trainer.accumulate_grad_batches=1", "--trainer.enable_model_summary=false"]
+STAGE_ARGS = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--data.max_seq_len=32", "--data.batch_size=2",
+              "--trainer.accumulate_grad_batches=1", "--trainer.enable_model_summary=false"]
+
+
+def command(repos: Path, out: Path, stage_args: list[str] = STAGE_ARGS, ewc: bool = True) -> list[str]:
     return [sys.executable, str(REPO / "main.py"), "lifelong", "--config", str(REPO / "configs" / "lifelong.yaml"),
             f"--output_dir={out}", f"--repositories.data_root={repos}", "--repositories.names=[unionfind, assoc]",
-            "--repositories.bundled=null", "--order=given", "--ewc.enabled=true", "--ewc.ewc_lambda=10.0",
+            "--repositories.bundled=null", "--order=given", f"--ewc.enabled={str(ewc).lower()}", "--ewc.ewc_lambda=10.0",
             f"--stage_args={json.dumps(stage_args)}",
             f"--retrieval_config={REPO / 'configs' / 'retrieval.yaml'}", f"--fisher_config={REPO / 'configs' / 'fisher.yaml'}"]
 

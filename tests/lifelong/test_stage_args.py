@@ -3,26 +3,18 @@ is refused before stage 0 trains, not after its fit (which on the Mathlib recipe
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-from tests.lifelong.test_lifelong_run import tiny_repositories
+from tests.lifelong.test_lifelong_run import command, tiny_repositories
 
 pytestmark = pytest.mark.slow  # real subprocesses
 
 
 def lifelong(repos: Path, out: Path, stage_args: list[str], ewc: bool) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "main.py"), "lifelong", "--config", str(REPO / "configs" / "lifelong.yaml"),
-               f"--output_dir={out}", f"--repositories.data_root={repos}", "--repositories.names=[unionfind, assoc]",
-               "--repositories.bundled=null", "--order=given", f"--ewc.enabled={str(ewc).lower()}",
-               f"--stage_args={json.dumps(stage_args)}",
-               f"--retrieval_config={REPO / 'configs' / 'retrieval.yaml'}", f"--fisher_config={REPO / 'configs' / 'fisher.yaml'}"]
-    return subprocess.run(command, cwd=out.parent, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command(repos, out, stage_args, ewc), cwd=out.parent, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("stage_args, ewc, refused_by", [
