@@ -36,6 +36,7 @@ from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.merge import merge_datasets
 from leanagent.lifelong.report import write_report
 from leanagent.lifelong.repositories import Repositories, resolve_repositories
+from leanagent.lifelong.start_weights import check_start_weights, recorded_start_unchanged, start_weights
 
 log = logging.getLogger("leanagent")
 
@@ -171,18 +172,20 @@ def _stage_env() -> dict[str, str]:
     return env
 
 
-def _check_parses(commands: dict[str, list[str]], cwd: Path) -> None:
+def _check_parses(commands: dict[str, list[str]], cwd: Path) -> dict[str, str]:
     """Parse stage commands without running them (`--print_config` exits after parsing; all at once), so that an
-    argument a stage config does not take fails before the first fit rather than after it."""
+    argument a stage config does not take fails before the first fit rather than after it. Returns each
+    command's resolved config."""
     started = {what: subprocess.Popen([*command, "--print_config"], cwd=cwd, env=_stage_env(), text=True,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for what, command in commands.items()}
-    results = {what: (child.communicate()[1], child.returncode) for what, child in started.items()}
-    for what, (stderr, returncode) in results.items():
+    results = {what: (*child.communicate(), child.returncode) for what, child in started.items()}
+    for what, (_, stderr, returncode) in results.items():
         if returncode != 0:
             lines = stderr.strip().splitlines() or [f"exit code {returncode}"]
             reason = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1])
             raise LeanAgentError(f"stage_args: the {what} command does not take them: {reason.removeprefix('error:').strip()}")
+    return {what: stdout for what, (stdout, _, _) in results.items()}
 
 
 def _run(command: list[str], cwd: Path, what: str) -> None:
@@ -246,9 +249,13 @@ class LifelongRun:
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
         order = repository_order(s, repos)
         state = self._load_state(order)
+        if state["stages"]:
+            recorded_start_unchanged(state.get("start_weights"), self.out)
+        else:
+            start = start_weights(self._check_stage_commands(order, repos), self._stage_dir(0, order[0]) / "fit")
+            check_start_weights(state.get("start_weights"), start, self.out)
+            state["start_weights"] = start
         write_json(self.state_path, state)
-        if not state["stages"]:
-            self._check_stage_commands(order, repos)
         for index in range(len(state["stages"]), len(order)):
             with stop_on_signals(f"stage {index} on {order[index]}", RESUME):
                 stage = self._run_stage(index, order, repos, state)
@@ -257,15 +264,16 @@ class LifelongRun:
             log.info("stage %d/%d (%s) done", index + 1, len(order), order[index])
         return write_report(self.out, state, s.metric_window)
 
-    def _check_stage_commands(self, order: list[str], repos: dict[str, Path]) -> None:
-        """stage_args go to every stage's fit and, with EWC, its Fisher command: both must take them."""
+    def _check_stage_commands(self, order: list[str], repos: dict[str, Path]) -> str:
+        """stage_args go to every stage's fit and, with EWC, its Fisher command: both must take them.
+        Returns the first fit's resolved config."""
         s = self.settings
         data = repos[order[0]]
         commands = {"fit": self._stage_fit_command(data)}
         if s.ewc.enabled and len(order) > 1:
             placeholder = self.out / "stage-check"  # never read or written: the command is only parsed
             commands["Fisher"] = self._fisher_command(data, placeholder.with_suffix(".ckpt"), placeholder.with_suffix(".safetensors"))
-        _check_parses(commands, self.out)
+        return _check_parses(commands, self.out)["fit"]
 
     def _stage_dir(self, index: int, name: str) -> Path:
         return self.out / "stages" / f"{index:02d}-{name}"

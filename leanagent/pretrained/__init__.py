@@ -24,12 +24,17 @@ def shipped_names() -> list[str]:
     return sorted(p.stem for p in SHIPPED_DIR.glob("*.safetensors"))
 
 
-def resolve(init_from: str) -> Path:
-    """A shipped name, a .safetensors file or a Lightning .ckpt; anything else is one clear error."""
+def resolve(init_from: str, relative_to: Path | None = None) -> Path:
+    """A shipped name, a .safetensors file or a Lightning .ckpt; anything else is one clear error.
+
+    A relative path is taken from `relative_to` (default: the working directory), where the fit that loads it runs.
+    """
     shipped = SHIPPED_DIR / f"{init_from}.safetensors"
     if shipped.is_file():
         return shipped
     path = Path(init_from).expanduser()
+    if relative_to is not None and not path.is_absolute():
+        path = relative_to / path
     if path.is_file():
         return path
     raise LeanAgentError(
