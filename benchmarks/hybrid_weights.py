@@ -32,6 +32,17 @@ def weights_on(model, saved: dict, split_dir: Path, corpus: Path, precision: str
     return dict(model.eval_by_weight), z, round(float(logged["hybrid_weight_val"]), 1)  # logged as float32
 
 
+def val_and_test(model, saved: dict, dataset: Path, split_dir: str, precision: str, batch: int) -> tuple[dict, dict, float, dict]:
+    """`weights_on` the dataset's val split (means, z, chosen weight), then the means of every weight on its test split."""
+    split, corpus = dataset / split_dir, dataset / "corpus.jsonl"
+    val, z, chosen = weights_on(model, saved, split, corpus, precision, batch)
+    with tempfile.TemporaryDirectory() as tmp:  # test served as val: the same pass, every weight evaluated
+        for name, source in (("train", "train"), ("val", "test"), ("test", "test")):
+            (Path(tmp) / f"{name}.json").symlink_to((split / f"{source}.json").resolve())
+        test, _, _ = weights_on(model, saved, Path(tmp), corpus, precision, batch)
+    return val, z, chosen, test
+
+
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("checkpoint", type=Path)
@@ -43,12 +54,7 @@ def main() -> None:
     model = load_retriever(args.checkpoint)
     saved = load_checkpoint(args.checkpoint, "checkpoint")
     for dataset in args.datasets:
-        split = dataset / args.split_dir
-        val, z, chosen = weights_on(model, saved, split, dataset / "corpus.jsonl", args.precision, args.eval_batch_size)
-        with tempfile.TemporaryDirectory() as tmp:  # test served as val: the same pass, every weight evaluated
-            for name, source in (("train", "train"), ("val", "test"), ("test", "test")):
-                (Path(tmp) / f"{name}.json").symlink_to((split / f"{source}.json").resolve())
-            test, _, _ = weights_on(model, saved, Path(tmp), dataset / "corpus.jsonl", args.precision, args.eval_batch_size)
+        val, z, chosen, test = val_and_test(model, saved, dataset, args.split_dir, args.precision, args.eval_batch_size)
         best = max(val, key=lambda w: (val[w][1], val[w][2], val[w][0], -w))
         print(f"\n{dataset.name}: weight of the dense side, val and test R@1 / R@10 / MRR")
         for weight in sorted(val):
