@@ -13,15 +13,10 @@ the weight the shipped rule chooses on val (`fusion.choose_weight`) and its test
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-
 import torch
 
 import leanagent.retrieval.fusion as fusion
-from benchmarks.arguments import benchmark_parser
-from benchmarks.hybrid_weights import val_and_test
-from leanagent.checkpoint_files import load_checkpoint
-from leanagent.models.loading import load_retriever
+from benchmarks.hybrid_weights import checkpoint_on_datasets, val_and_test
 
 Normalise = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -64,15 +59,7 @@ NORMALISATIONS: dict[str, Normalise] = {
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__)
-    parser.add_argument("checkpoint", type=Path)
-    parser.add_argument("datasets", nargs="+", type=Path, help="dataset folders (corpus.jsonl and SPLIT_DIR/)")
-    parser.add_argument("--split-dir", default="random")
-    parser.add_argument("--precision", default="bf16-mixed")
-    parser.add_argument("--eval-batch-size", type=int, default=64)
-    args = parser.parse_args()
-    model = load_retriever(args.checkpoint)
-    saved = load_checkpoint(args.checkpoint, "checkpoint")
+    args, model, saved = checkpoint_on_datasets(__doc__)
     shipped = fusion.normalise
     for dataset in args.datasets:
         print(f"\n{dataset.name}: R@10 by weight of the dense side (0 = BM25 ... 1 = dense)")

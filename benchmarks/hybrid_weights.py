@@ -43,16 +43,20 @@ def val_and_test(model, saved: dict, dataset: Path, split_dir: str, precision: s
     return val, z, chosen, test
 
 
-def main() -> None:
-    parser = benchmark_parser(__doc__)
+def checkpoint_on_datasets(doc: str | None):
+    """Arguments of a benchmark that evaluates one checkpoint on datasets: (args, model, its checkpoint dict)."""
+    parser = benchmark_parser(doc)
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("datasets", nargs="+", type=Path, help="dataset folders (corpus.jsonl and SPLIT_DIR/)")
     parser.add_argument("--split-dir", default="random")
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--eval-batch-size", type=int, default=64)
     args = parser.parse_args()
-    model = load_retriever(args.checkpoint)
-    saved = load_checkpoint(args.checkpoint, "checkpoint")
+    return args, load_retriever(args.checkpoint), load_checkpoint(args.checkpoint, "checkpoint")
+
+
+def main() -> None:
+    args, model, saved = checkpoint_on_datasets(__doc__)
     for dataset in args.datasets:
         val, z, chosen, test = val_and_test(model, saved, dataset, args.split_dir, args.precision, args.eval_batch_size)
         best = max(val, key=lambda w: (val[w][1], val[w][2], val[w][0], -w))
