@@ -13,6 +13,7 @@ the weight the shipped rule chooses on val (`fusion.choose_weight`) and its test
 from __future__ import annotations
 
 from collections.abc import Callable
+
 import torch
 
 import leanagent.retrieval.fusion as fusion
