@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import signal
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -20,12 +21,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from leanagent.corpus.corpus import Corpus
+from leanagent.data.datasets import EvalStates, TrainingPairs
 from leanagent.data.hard_negatives import shared_hard_negatives
 from leanagent.data.negatives import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
 from leanagent.corpus.tactics import TacticStates, load_tactic_states, warn_unresolved
 from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
-from leanagent.models.data_contract import OrdersTraining, RetrievalData, TrainOrder
+from leanagent.models.data_contract import OrdersTraining, Ranker, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_bytes, require_file
@@ -47,53 +49,6 @@ def ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-class TrainingPairs(Dataset):
-    """(tactic state, one positive premise) pairs with negatives drawn from the item's index and the seed.
-
-    Seeding each item by (seed, epoch, index) makes its negatives independent of worker, rank and
-    batch order: what the Fisher computation needs to agree across world sizes.
-    """
-
-    def __init__(
-        self, states: TacticStates, sampler: NegativeSampler, seed: int, hard_pools: np.ndarray | None = None
-    ) -> None:
-        self.states = states
-        self.sampler = sampler
-        self.seed = seed
-        self.hard_pools = hard_pools
-        self.epoch = 0
-        self.pairs = np.asarray(
-            [(i, p) for i, positives in enumerate(states.positives) for p in positives], dtype=np.int64
-        ).reshape(-1, 2)
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if index < 0:  # a padding copy of item -1 - index (see UnpaddedDistributedSampler.equal_length)
-            return {**self[-1 - index], "padding": True}
-        state, positive = (int(v) for v in self.pairs[index])
-        rng = np.random.default_rng([self.seed, self.epoch, index])
-        negatives = self.sampler.sample(
-            self.states.file_ids[state], self.states.pos_keys[state], positive, rng,
-            None if self.hard_pools is None else self.hard_pools[state], positives=self.states.positives[state],
-        )
-        return {"index": index, "state": state, "positive": positive, "negatives": negatives}
-
-
-class EvalStates(Dataset):
-    """Every tactic state of a split, one item each (ReProver evaluates per tactic)."""
-
-    def __init__(self, states: TacticStates) -> None:
-        self.states = states
-
-    def __len__(self) -> int:
-        return len(self.states)
-
-    def __getitem__(self, index: int) -> int:
-        return index
-
-
 class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
     def __init__(
         self,
@@ -103,6 +58,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         num_in_file_negatives: int = 1,
         num_hard_negatives: int = 2,
         hard_negative_pool: int = 32,
+        hard_negatives_by: Literal["bm25", "encoder"] = "bm25",
         batch_size: int = 8,
         eval_batch_size: int = 64,
         max_seq_len: int = 512,
@@ -122,7 +78,10 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
                 `hard_negative_pool` accessible premises BM25 ranks highest for the state, its positives
                 excluded (leanagent/data/hard_negatives.py). They come first; in-file and random ones fill the rest.
                 2 of 3 measured better than ReProver's 0 in-domain and across datasets (docs/measurements.md); 0 is ReProver's scheme.
-            hard_negative_pool: BM25 candidates kept per state for hard negatives.
+            hard_negative_pool: candidates kept per state for hard negatives.
+            hard_negatives_by: the ranker that mines them: `bm25`, or `encoder`, the retriever's encoder as the
+                fit starts (from `model.init_from`, before any `--ckpt_path`; leanagent/models/encoder_negatives.py),
+                so they are its own near misses and a resumed fit mines what the first run mined.
             batch_size: training pairs per batch and device.
             eval_batch_size: tactic states (or premises, when embedding the corpus) per batch.
             max_seq_len: tokens kept of each state and premise.
@@ -153,6 +112,8 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size), ("max_seq_len", max_seq_len)):
             if value < 1:
                 raise LeanAgentError(f"data.{name} must be positive, got {value}")
+        if hard_negatives_by not in ("bm25", "encoder"):
+            raise LeanAgentError(f"data.hard_negatives_by must be 'bm25' or 'encoder', got {hard_negatives_by!r}")
         if num_workers < 0:
             raise LeanAgentError(f"data.num_workers must be 0 (load in the training process) or more, got {num_workers}")
         unknown = [s for s in predict_splits if s not in SPLITS]
@@ -173,6 +134,8 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         self.num_in_file_negatives = num_in_file_negatives
         self.num_hard_negatives = num_hard_negatives
         self.hard_negative_pool = hard_negative_pool
+        self.hard_negatives_by = hard_negatives_by
+        self._hard_pools: np.ndarray | None = None  # mined by the encoder (`mine_hard_negatives_with`)
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size
         self.max_seq_len = max_seq_len
@@ -270,8 +233,13 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         if self._train is None:
             sampler = NegativeSampler(self.corpus, self.num_negatives, self.num_in_file_negatives, self.num_hard_negatives)
             states = self.states("train")
-            pools = None
-            if self.num_hard_negatives:  # mined by one process per node, read by the others
+            pools = self._hard_pools
+            if self.wants_encoder_negatives and pools is None:
+                raise LeanAgentError(
+                    "data.hard_negatives_by is 'encoder', but the module being fit mined none (only the retriever "
+                    "does): set data.hard_negatives_by=bm25 for this command"
+                )
+            if self.num_hard_negatives and pools is None:  # mined by one process per node, read by the others
                 pools = shared_hard_negatives(lambda: self.bm25_index, self.corpus, states, self.hard_negative_pool,
                                               self.corpus_fingerprint)
             self._train = TrainingPairs(states, sampler, self.seed, pools)
@@ -281,6 +249,17 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
                     "(no traced tactic has a premise annotation found in the corpus)"
                 )
         return self._train
+
+    @property
+    def wants_encoder_negatives(self) -> bool:
+        return bool(self.num_hard_negatives) and self.hard_negatives_by == "encoder"
+
+    def mine_hard_negatives_with(self, ranker: Callable[[], Ranker], ranker_key: str) -> None:
+        """Hard-negative pools of the training states mined now by `ranker()`, one process per node (cached by
+        `ranker_key`, the encoder's weights), for `train_pairs` to draw from instead of BM25's."""
+        self._train = None
+        self._hard_pools = shared_hard_negatives(ranker, self.corpus, self.states("train"), self.hard_negative_pool,
+                                                 self.corpus_fingerprint, ranker_key=ranker_key)
 
     # Batches.
     def collate_train(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:

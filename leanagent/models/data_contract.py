@@ -2,13 +2,14 @@
 
 The retriever reads its corpus, tactic states and BM25 index through `RetrievalData`, which
 data/datamodule.py implements; a training module tells the data side how to order training pairs
-by `train_order()` (`OrdersTraining`). Nothing else crosses between the two.
+by `train_order()` (`OrdersTraining`), and the retriever hands it a `Ranker` to mine hard negatives
+with when the data asks for the encoder's. Nothing else crosses between the two.
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -39,6 +40,15 @@ class OrdersTraining(Protocol):
     """A LightningModule that needs its training pairs in a particular order."""
 
     def train_order(self) -> TrainOrder: ...
+
+
+class Ranker(Protocol):
+    """Scores for mining hard negatives (data/hard_negatives.py): [B, num_premises], higher meaning closer."""
+
+    name: str  # for the log line
+    min_score: float  # candidates score above it (BM25: 0, a premise sharing no term with the state)
+
+    def scores(self, queries: list[str]) -> torch.Tensor: ...
 
 
 class TokenLengths(Protocol):
@@ -73,3 +83,12 @@ class RetrievalData(Protocol):
     @abstractmethod
     def corpus_dataloader(self, premise_ids: np.ndarray) -> Iterable[dict[str, torch.Tensor]]:
         """Batches {"premise_ids", "ids", "mask"} of the given premises, in the order given."""
+
+    @property
+    @abstractmethod
+    def wants_encoder_negatives(self) -> bool:
+        """Whether a fit's hard negatives are the encoder's to mine (`data.hard_negatives_by: encoder`)."""
+
+    @abstractmethod
+    def mine_hard_negatives_with(self, ranker: Callable[[], Ranker], ranker_key: str) -> None:
+        """Mine the training states' hard-negative pools now with `ranker()`; `ranker_key` identifies it."""

@@ -26,6 +26,7 @@ from leanagent.models.chunking import length_chunks
 from leanagent.models.corpus_embedding import CorpusEmbeddings, embed_corpus
 from leanagent.models.data_contract import RetrievalData, TrainOrder
 from leanagent.models.encoder import Encoder
+from leanagent.models.encoder_negatives import mine_with_start_encoder
 from leanagent.models.fit_checkpoint import fit_state_entry, resume_position
 from leanagent.models.hybrid_weights import load_hybrid_weights, mode_weight, save_hybrid_weights, weight_for
 from leanagent.models.losses import LOSSES, batch_loss, share_candidates
@@ -214,6 +215,7 @@ class PremiseRetriever(pl.LightningModule):
     def setup(self, stage: str) -> None:
         if self.trainer is not None and stage == "fit":
             check_monitors(self.trainer.callbacks, self.num_retrieved)
+            mine_with_start_encoder(self)  # before a --ckpt_path is restored: the fit's start weights
 
     # Corpus embeddings, shared by validation, test and predict (corpus_embedding.py).
     @property

@@ -1,0 +1,72 @@
+"""Hard negatives mined by the encoder a fit starts from (`data.hard_negatives_by: encoder`).
+
+BM25's near misses are the premises that share words with a state. A pretrained encoder's are the ones
+*it* ranks above the right premise, which is what fine-tuning has to correct. They are mined in the
+retriever's `setup`, which Lightning runs before it restores a `--ckpt_path`: the weights are those of
+`model.init_from` (or the random initialisation), so a resumed or interrupted fit mines the pools of the
+run it continues, and the cache (keyed by the weights) hands them over. Every rank embeds its share of the
+corpus first (a collective, as in evaluation); then one process per node scores the training states
+against it under the cache lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+import torch
+
+from leanagent.models.tokenizer import PAD_ID, load_tokenizer
+
+
+class EncoderRanker:
+    """Cosine scores of tactic states against a corpus matrix, with the module's encoder and tokenizer."""
+
+    name = "encoder"
+    min_score = float("-inf")  # every accessible premise is a candidate
+
+    def __init__(self, module: Any, corpus: torch.Tensor, max_seq_len: int) -> None:
+        self.module = module
+        self.corpus = corpus.float()
+        self.max_seq_len = max_seq_len
+        self.tokenizer = load_tokenizer(module.model_name)
+
+    @torch.no_grad()
+    def scores(self, queries: list[str]) -> torch.Tensor:
+        tokens, offsets = self.tokenizer.encode_ragged(queries, self.max_seq_len)
+        lengths = np.diff(offsets)
+        ids = torch.full((len(queries), int(lengths.max(initial=1))), PAD_ID, dtype=torch.long)
+        for row, (start, stop) in enumerate(zip(offsets[:-1], offsets[1:])):
+            ids[row, : stop - start] = torch.from_numpy(tokens[start:stop].astype(np.int64))
+        mask = (torch.arange(ids.shape[1])[None, :] < torch.from_numpy(lengths)[:, None]).long()
+        device = self.module.device
+        plugin = self.module.trainer.precision_plugin
+        with plugin.forward_context():
+            embedded = self.module(ids.to(device), mask.to(device))
+        return (embedded.float() @ self.corpus.to(device).T).cpu()
+
+
+def weights_key(module: torch.nn.Module) -> str:
+    """sha256 of the encoder's parameters (names and values): which encoder mined a cached pool."""
+    digest = hashlib.sha256(b"encoder-negatives-v1")
+    for name, parameter in sorted(module.encoder_parameters()):
+        digest.update(name.encode() + b"|" + str(parameter.dtype).encode() + b"|")
+        digest.update(parameter.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def mine_with_start_encoder(module: Any) -> None:
+    """If the data asks for the encoder's hard negatives, mine them now, with the weights as they are."""
+    data = module.data
+    if not getattr(data, "wants_encoder_negatives", False):  # another datamodule, or BM25 negatives
+        return
+    module.to(module.trainer.strategy.root_device)  # where the fit will run; Lightning would move it next
+    was_training = module.training
+    module.eval()
+    try:
+        corpus = module.embed_corpus()  # every rank takes part
+        max_seq_len = int(module.hparams.get("max_seq_len", 512))
+        data.mine_hard_negatives_with(lambda: EncoderRanker(module, corpus, max_seq_len), weights_key(module))
+    finally:
+        module.train(was_training)
