@@ -37,6 +37,7 @@ from leanagent.io import ensure_writable
 from leanagent.precision import CpuBf16, describe_fallback, run_precision
 from leanagent.lifelong.commands import COMMANDS
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
+from leanagent.models.encoder_negatives import check_miner
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
 from leanagent.faults.watchdog import Watchdog
 
@@ -152,6 +153,7 @@ class LeanAgentCLI(LightningCLI):
         if self.subcommand in ("fit", "predict"):
             check_outputs_writable(config)
         if self.subcommand == "fit":
+            check_miner(config.model.get("class_path") if isinstance(config.model, Namespace) else None, config.get("data"))
             explicit = config.trainer.max_epochs
             progressive = config.get("progressive") or Namespace(epochs_per_repo=1)
             config.trainer.max_epochs = plan_max_epochs(

@@ -99,3 +99,16 @@ def test_encoder_negatives_need_a_module_that_mines_them(mini_dataset):
     with pytest.raises(LeanAgentError, match="data.hard_negatives_by must be"):
         _data(mini_dataset, by="dense")
 
+
+
+def test_a_fit_of_another_module_with_encoder_negatives_is_refused_before_it_starts():
+    from jsonargparse import Namespace
+
+    from leanagent.models.encoder_negatives import check_miner
+
+    wants = Namespace(hard_negatives_by="encoder", num_hard_negatives=2)
+    with pytest.raises(LeanAgentError, match="needs model.class_path .*PremiseRetriever.*FisherInformation"):
+        check_miner("leanagent.models.fisher.FisherInformation", wants)
+    check_miner("leanagent.models.retriever.PremiseRetriever", wants)
+    check_miner("leanagent.models.fisher.FisherInformation", Namespace(hard_negatives_by="bm25", num_hard_negatives=2))
+    check_miner("leanagent.models.fisher.FisherInformation", Namespace(hard_negatives_by="encoder", num_hard_negatives=0))

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from leanagent.errors import LeanAgentError
 from leanagent.models.tokenizer import PAD_ID, load_tokenizer
 
 
@@ -70,3 +71,17 @@ def mine_with_start_encoder(module: Any) -> None:
         data.mine_hard_negatives_with(lambda: EncoderRanker(module, corpus, max_seq_len), weights_key(module))
     finally:
         module.train(was_training)
+
+
+def check_miner(model_class_path: str | None, data: Any) -> None:
+    """Refuse, before anything is written, a fit whose data wants the encoder's hard negatives from a module
+    that mines none (only the retriever does; the Fisher pass, for one, draws BM25's)."""
+    if data is None or data.get("hard_negatives_by") != "encoder" or not data.get("num_hard_negatives"):
+        return
+    from leanagent.models.retriever import PremiseRetriever
+
+    if model_class_path not in (f"{PremiseRetriever.__module__}.{PremiseRetriever.__name__}", None):
+        raise LeanAgentError(
+            f"data.hard_negatives_by: 'encoder' needs model.class_path {PremiseRetriever.__module__}."
+            f"{PremiseRetriever.__name__} (got {model_class_path}): set data.hard_negatives_by=bm25"
+        )
