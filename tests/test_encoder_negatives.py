@@ -112,3 +112,19 @@ def test_a_fit_of_another_module_with_encoder_negatives_is_refused_before_it_sta
     check_miner("leanagent.models.retriever.PremiseRetriever", wants)
     check_miner("leanagent.models.fisher.FisherInformation", Namespace(hard_negatives_by="bm25", num_hard_negatives=2))
     check_miner("leanagent.models.fisher.FisherInformation", Namespace(hard_negatives_by="encoder", num_hard_negatives=0))
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_embed_the_corpus_together_and_one_of_them_mines(mini_dataset, tmp_path, monkeypatch):
+    """Mining runs in `setup`: both ranks embed their share of the corpus (a collective), then one process of
+    the node scores the states under the cache lock and the other reads its pools."""
+    from tests.conftest import run_cli, small_fit_args
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LEANAGENT_TOKEN_CACHE", str(cache))
+    result = run_cli(small_fit_args(mini_dataset, devices=2) + [
+        "--data.hard_negatives_by=encoder", "--progressive.epochs_per_repo=1", "--trainer.limit_train_batches=2",
+    ], cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("hard negatives: encoder pools of 32 mined") == 1, result.stderr[-3000:]
+    assert len(list(cache.glob("*.hard-negatives.npy"))) == 1
