@@ -37,7 +37,7 @@ from leanagent.io import ensure_writable
 from leanagent.precision import CpuBf16, describe_fallback, run_precision
 from leanagent.lifelong.commands import COMMANDS
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
-from leanagent.models.encoder_negatives import check_miner
+from leanagent.models.encoder_negatives import check_miner, mines_with_encoder
 from leanagent.models.retriever import PremiseRetriever  # noqa: F401
 from leanagent.faults.watchdog import Watchdog
 
@@ -135,9 +135,10 @@ class LeanAgentCLI(LightningCLI):
         if adopted:
             log.info("from checkpoint %s: %s", ckpt_path, ", ".join(f"{k}={v!r}" for k, v in adopted.items()))
         init_args = model_init_args(config)
-        if init_args.get("init_from") is not None:
+        if init_args.get("init_from") is not None and not mines_with_encoder(config.get("data")):
             # The checkpoint's weights replace whatever the model starts from: loading init_from too would cost
-            # a read and, for a checkpoint of another shape, fail on a file this run does not use.
+            # a read and, for a checkpoint of another shape, fail on a file this run does not use. The encoder's
+            # hard negatives are mined with init_from before the restore, so there it stays, as the first run had it.
             log.info("--ckpt_path gives the weights: model.init_from %r is not loaded", init_args.init_from)
             init_args.init_from = None
 

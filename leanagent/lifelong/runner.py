@@ -296,6 +296,8 @@ class LifelongRun:
 
         fit = self._stage_fit_command(data)
         start = previous["checkpoint"] if previous is not None else None
+        if start:  # the weights the stage starts from, before --ckpt_path restores them: its encoder mines the pools
+            fit.append(f"--model.init_args.init_from={start}")
         if previous is not None and s.ewc.enabled and previous.get("fisher"):
             fit += [f"--model.init_args.fisher_path={previous['fisher']}",
                     f"--model.init_args.ewc_lambda={s.ewc.ewc_lambda}", f"--model.init_args.ewc_form={s.ewc.form}"]

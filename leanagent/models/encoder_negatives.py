@@ -73,10 +73,15 @@ def mine_with_start_encoder(module: Any) -> None:
         module.train(was_training)
 
 
+def mines_with_encoder(data: Any) -> bool:
+    """Whether a fit's `data` config asks for the encoder's hard negatives (mined with `model.init_from`)."""
+    return data is not None and data.get("hard_negatives_by") == "encoder" and bool(data.get("num_hard_negatives"))
+
+
 def check_miner(model_class_path: str | None, data: Any) -> None:
     """Refuse, before anything is written, a fit whose data wants the encoder's hard negatives from a module
     that mines none (only the retriever does; the Fisher pass, for one, draws BM25's)."""
-    if data is None or data.get("hard_negatives_by") != "encoder" or not data.get("num_hard_negatives"):
+    if not mines_with_encoder(data):
         return
     from leanagent.models.retriever import PremiseRetriever
 
