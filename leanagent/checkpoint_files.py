@@ -28,15 +28,20 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
     if not p.is_file():
         raise LeanAgentError(f"{what}: checkpoint not found: {p}")
     try:
+        with open(p, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise LeanAgentError(f"{what}: {p}: cannot read ({e.strerror or type(e).__name__})") from None
+    try:
         try:
             checkpoint = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
         except RuntimeError as e:
             if "mmap" not in str(e):
                 raise
             checkpoint = torch.load(p, map_location="cpu", weights_only=True)
-    except OSError as e:
-        raise LeanAgentError(f"{what}: {p}: cannot read ({e.strerror or type(e).__name__})") from None
-    except Exception as e:  # truncated zip, random bytes, unsafe pickle: torch raises many types
+    # A readable file that torch cannot load is damaged: a truncated zip (an OSError, "Invalid argument",
+    # from the memory map), random bytes, an unsafe pickle; torch raises many types.
+    except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise LeanAgentError(
             f"{what}: {p} is not a loadable weights-only checkpoint ({type(e).__name__}: {first})"

@@ -35,6 +35,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.interrupts import Interrupted, stop_on_signals
 from leanagent.io import ensure_writable
 from leanagent.precision import CpuBf16, describe_fallback, run_precision
+from leanagent.retrieval.metrics import format_rankings
 from leanagent.lifelong.commands import COMMANDS
 from leanagent.models.fisher import FisherInformation  # noqa: F401  (registers the subclass)
 from leanagent.models.encoder_negatives import check_miner, mines_with_encoder
@@ -174,6 +175,11 @@ class LeanAgentCLI(LightningCLI):
             kwargs.setdefault("precision", run)
         return super().instantiate_trainer(**kwargs)
 
+    def before_fit(self) -> None:
+        """`test_after_fit` reads the test split first, so that a bad test.json fails now, not after the fit."""
+        if self.config.fit.get("test_after_fit") and hasattr(self.datamodule, "check_split"):
+            self.datamodule.check_split("test")
+
     def after_fit(self) -> None:
         """`test_after_fit`: adapting to a project is one command (configs/recipes/project.yaml)."""
         if not self.config.fit.get("test_after_fit"):
@@ -187,20 +193,6 @@ class LeanAgentCLI(LightningCLI):
             logged = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, verbose=False)
         if self.trainer.is_global_zero and logged:
             print(format_rankings(logged[0], "test", best or "the final weights"), flush=True)
-
-
-def format_rankings(logged: dict[str, float], split: str, source: str) -> str:
-    """The trained (dense) ranking beside BM25 and hybrid, one row each, as validate/test logged them."""
-    names = [n for n in ("Recall@1", "Recall@10", "MRR") if f"{n}_{split}" in logged]
-    rows = [("dense (trained)", ""), ("bm25", "/bm25"), ("hybrid", "/hybrid")]
-    lines = [f"{split} results of {source}:", f"{'ranking':<16}" + "".join(f"{n:>11}" for n in names)]
-    for label, suffix in rows:
-        values = [float(logged[f"{n}_{split}{suffix}"]) for n in names]
-        lines.append(f"{label:<16}" + "".join(f"{v:>11.3f}" if n == "MRR" else f"{v:>11.1f}" for n, v in zip(names, values)))
-    weight = logged.get(f"hybrid_weight_{split}")
-    if weight is not None:
-        lines.append(f"hybrid weight of the dense side: {float(weight):.1f} (chosen on this dataset's validation split)")
-    return "\n".join(lines)
 
 
 def configure_distributed(config: Namespace) -> None:

@@ -117,3 +117,10 @@ def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_data
     save_file(tensors, str(in_tmp / "f.safetensors"), metadata={"parameter_names": "{not json", "weights_sha256": "x"})
     one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.fisher_path=f.safetensors",
                        "--model.init_args.ewc_lambda=1"], "f.safetensors", "metadata")
+
+
+def test_test_after_fit_refuses_an_empty_test_split_before_training(capsys, in_tmp, toy_dataset):
+    (toy_dataset / "random" / "test.json").write_text("[]")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--test_after_fit=true"],
+              "test.json", "no tactic states to evaluate")
+    assert not (in_tmp / "checkpoints").exists()  # refused before the fit, not after it

@@ -67,6 +67,12 @@ def test_checkpoint_loading_refuses_junk_and_pickles_with_one_error(tmp_path):
     with pytest.raises(LeanAgentError, match="is a folder"):
         load_checkpoint(tmp_path)
 
+    # A real checkpoint cut short (an interrupted copy): torch's memory map fails with an OSError.
+    torch.save({"state_dict": {"w": torch.zeros(4096)}}, tmp_path / "whole.ckpt")
+    (tmp_path / "cut.ckpt").write_bytes((tmp_path / "whole.ckpt").read_bytes()[:5000])
+    with pytest.raises(LeanAgentError, match=r"cut.ckpt is not a loadable weights-only checkpoint \(OSError"):
+        load_checkpoint(tmp_path / "cut.ckpt")
+
 
 class FallingMetric(pl.LightningModule):
     """Its monitored score falls every epoch, so the best checkpoint is epoch 0's."""

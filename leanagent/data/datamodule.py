@@ -352,11 +352,16 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
             num_workers=self.num_workers, worker_init_fn=ignore_stop_signals, position=lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         )
 
-    def eval_dataloader(self, split: str) -> DataLoader:
+    def check_split(self, split: str) -> TacticStates:
+        """The split's tactic states, or one error naming its file if there are none to evaluate."""
         states = self.states(split)
         if len(states) == 0:
             where = self.data_path / f"{split}.json" if split != "predict" else f"data.predict_splits {self.predict_splits}"
             raise LeanAgentError(f"{where}: no tactic states to evaluate")
+        return states
+
+    def eval_dataloader(self, split: str) -> DataLoader:
+        states = self.check_split(split)
         return self._loader(
             EvalStates(states), self.eval_batch_size, partial(self._collate_eval, split), exact=True, never_empty=True
         )
