@@ -87,8 +87,29 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str,
     return out
 
 
-def resolve_repositories(spec: Repositories, work_dir: Path) -> dict[str, Path]:
-    """Name -> dataset folder, in the given order."""
+def check_splits(repos: dict[str, Path], split: str) -> None:
+    """Each repository needs traced theorems in train (its stage's fit), val (the checkpoint and hybrid's weight)
+    and test (its column of the matrix): a repository without them is refused before the first stage, not
+    when its own stage comes."""
+    for name, root in repos.items():
+        for part in SPLIT_FILES:
+            path = root / split / f"{part}.json"
+            theorems = read_json(path)
+            if not isinstance(theorems, list):
+                raise LeanAgentError(f"{path}: expected a JSON list of theorems")
+            if not any(isinstance(t, dict) and t.get("traced_tactics") for t in theorems):
+                raise LeanAgentError(f"{path}: repository {name!r} has no theorem with traced tactics in its {part} split")
+
+
+def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None = None) -> dict[str, Path]:
+    """Name -> dataset folder, in the given order; with `split`, each one's split folder is checked too."""
+    repos = _resolve(spec, work_dir)
+    if split is not None:
+        check_splits(repos, split)
+    return repos
+
+
+def _resolve(spec: Repositories, work_dir: Path) -> dict[str, Path]:
     if spec.data_root is not None:
         root = Path(spec.data_root)
         if not root.is_dir():

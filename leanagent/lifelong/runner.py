@@ -246,7 +246,7 @@ class LifelongRun:
         s = self.settings
         ensure_writable(self.out, "output_dir")
         self.out.mkdir(parents=True, exist_ok=True)
-        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
+        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out, s.split).items()}
         order = repository_order(s, repos)
         state = self._load_state(order)
         if state["stages"]:

@@ -45,6 +45,21 @@ def test_data_root_repositories_must_exist(tmp_path):
         resolve_repositories(Repositories(data_root=str(tmp_path), names=["missing"], bundled=None), tmp_path)
 
 
+@pytest.mark.parametrize("content", [[], [{"full_name": "t", "traced_tactics": []}]], ids=["empty", "untraced"])
+def test_a_repository_without_val_theorems_is_refused_before_any_stage(tmp_path, content):
+    corpus = [{"path": "A.lean", "imports": [], "premises": []}]
+    traced = [theorem("A.lean", "t", 1, [tactic("s", [])])]
+    write_dataset(tmp_path / "good", corpus, {"train": traced, "val": traced, "test": traced})
+    write_dataset(tmp_path / "bad", corpus, {"train": traced, "val": traced, "test": traced})
+    (tmp_path / "bad" / "random" / "val.json").write_text(json.dumps(content))
+    spec = Repositories(data_root=str(tmp_path), names=["good", "bad"], bundled=None)
+    assert list(resolve_repositories(spec, tmp_path)) == ["good", "bad"]  # without a split: not read
+    with pytest.raises(LeanAgentError, match=r"bad/random/val.json: repository 'bad' has no theorem with traced tactics"):
+        resolve_repositories(spec, tmp_path, "random")
+    spec.names = ["good"]
+    assert list(resolve_repositories(spec, tmp_path, "random")) == ["good"]
+
+
 LIFELONG_CONFIGS = {"lifelong.yaml": ["lifelong.yaml"], "lifelong_mathlib": ["lifelong.yaml", "recipes/lifelong_mathlib.yaml"]}
 
 
