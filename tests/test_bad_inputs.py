@@ -119,8 +119,10 @@ def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_data
                        "--model.init_args.ewc_lambda=1"], "f.safetensors", "metadata")
 
 
-def test_test_after_fit_refuses_an_empty_test_split_before_training(capsys, in_tmp, toy_dataset):
-    (toy_dataset / "random" / "test.json").write_text("[]")
-    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--test_after_fit=true"],
-              "test.json", "no tactic states to evaluate")
+@pytest.mark.parametrize("split, fragment", [("[]", "no tactic states to evaluate"), (None, "test split not found")],
+                         ids=["empty", "missing"])
+def test_test_after_fit_refuses_a_bad_test_split_before_training(capsys, in_tmp, toy_dataset, split, fragment):
+    test = toy_dataset / "random" / "test.json"
+    test.write_text(split) if split is not None else test.unlink()
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--test_after_fit=true"], "test.json", fragment)
     assert not (in_tmp / "checkpoints").exists()  # refused before the fit, not after it
