@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from leanagent.errors import LeanAgentError
-from leanagent.io import read_json
+from leanagent.lifelong.repositories import SPLIT_FILES, read_splits
 
-SPLIT_FILES = ("train", "val", "test")
 _NO_PROOF_TACTIC = re.compile(r"\b(sorry|admit)\b")
 
 __all__ = [
@@ -107,32 +106,17 @@ def _percentile(sorted_values: list[float], q: float) -> float:
     return a + frac * (b - a)
 
 
-def _load_theorems(name: str, root: Path, split: str) -> list[tuple[float, bool]]:
-    """(complexity, proved) for every theorem of one repository's split folder."""
-    if not root.is_dir():
-        raise LeanAgentError(f"repository {name!r}: dataset folder not found: {root}")
-    out = []
-    for part in SPLIT_FILES:
-        path = root / split / f"{part}.json"
-        theorems = read_json(path)
-        if not isinstance(theorems, list):
-            raise LeanAgentError(f"{path}: expected a JSON list of theorems")
-        for k, thm in enumerate(theorems):
-            tactics = thm.get("traced_tactics") if isinstance(thm, dict) else None
-            if not isinstance(tactics, list) or not all(isinstance(t, dict) for t in tactics):
-                label = thm.get("full_name", "?") if isinstance(thm, dict) else "?"
-                raise LeanAgentError(
-                    f"{path}: theorem #{k} ({label}): 'traced_tactics' must be a list of tactic objects"
-                )
-            out.append((theorem_complexity(thm), has_proof(thm)))
-    return out
-
-
-def compute_curriculum(repos: dict[str, Path], split: str = "random") -> Curriculum:
-    """Thresholds over all repositories' theorems, per-repo easy/medium/hard, and the order."""
+def compute_curriculum(
+    repos: dict[str, Path], split: str = "random", theorems: dict[str, dict[str, list[dict]]] | None = None
+) -> Curriculum:
+    """Thresholds over all repositories' theorems, per-repo easy/medium/hard, and the order. `theorems` is what
+    `check_splits` already read; without it the split files are read here."""
     if not repos:
         raise LeanAgentError("curriculum needs at least one repository")
-    per_repo = {name: _load_theorems(name, Path(root), split) for name, root in repos.items()}
+    loaded = theorems or {name: read_splits(name, Path(root), split) for name, root in repos.items()}
+    per_repo = {
+        name: [(theorem_complexity(t), has_proof(t)) for part in SPLIT_FILES for t in loaded[name][part]] for name in repos
+    }
     everything = sorted(c for items in per_repo.values() for c, _ in items)
     if not everything:
         raise LeanAgentError(

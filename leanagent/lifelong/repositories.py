@@ -87,29 +87,43 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str,
     return out
 
 
-def check_splits(repos: dict[str, Path], split: str) -> None:
+def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
+    """One repository's train/val/test theorems of a split folder, each with a list of traced tactics: the one
+    reader of them that the split check and the curriculum share."""
+    if not root.is_dir():
+        raise LeanAgentError(f"repository {name!r}: dataset folder not found: {root}")
+    out = {}
+    for part in SPLIT_FILES:
+        path = root / split / f"{part}.json"
+        theorems = read_json(path)
+        if not isinstance(theorems, list):
+            raise LeanAgentError(f"{path}: expected a JSON list of theorems")
+        for k, thm in enumerate(theorems):
+            tactics = thm.get("traced_tactics") if isinstance(thm, dict) else None
+            if not isinstance(tactics, list) or not all(isinstance(t, dict) for t in tactics):
+                label = thm.get("full_name", "?") if isinstance(thm, dict) else "?"
+                raise LeanAgentError(f"{path}: theorem #{k} ({label}): 'traced_tactics' must be a list of tactic objects")
+        out[part] = theorems
+    return out
+
+
+def check_splits(repos: dict[str, Path], split: str) -> dict[str, dict[str, list[dict]]]:
     """Each repository needs traced theorems in train (its stage's fit), val (the checkpoint and hybrid's weight)
     and test (its column of the matrix): a repository without them is refused before the first stage, not
-    when its own stage comes."""
+    when its own stage comes. Returns what it read, for the curriculum."""
+    loaded = {}
     for name, root in repos.items():
-        for part in SPLIT_FILES:
-            path = root / split / f"{part}.json"
-            theorems = read_json(path)
-            if not isinstance(theorems, list):
-                raise LeanAgentError(f"{path}: expected a JSON list of theorems")
-            if not any(isinstance(t, dict) and t.get("traced_tactics") for t in theorems):
-                raise LeanAgentError(f"{path}: repository {name!r} has no theorem with traced tactics in its {part} split")
+        loaded[name] = read_splits(name, root, split)
+        for part, theorems in loaded[name].items():
+            if not any(t["traced_tactics"] for t in theorems):
+                raise LeanAgentError(
+                    f"{root / split / part}.json: repository {name!r} has no theorem with traced tactics in its {part} split"
+                )
+    return loaded
 
 
-def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None = None) -> dict[str, Path]:
-    """Name -> dataset folder, in the given order; with `split`, each one's split folder is checked too."""
-    repos = _resolve(spec, work_dir)
-    if split is not None:
-        check_splits(repos, split)
-    return repos
-
-
-def _resolve(spec: Repositories, work_dir: Path) -> dict[str, Path]:
+def resolve_repositories(spec: Repositories, work_dir: Path) -> dict[str, Path]:
+    """Name -> dataset folder, in the given order (the bundled dataset is split into `work_dir/repositories`)."""
     if spec.data_root is not None:
         root = Path(spec.data_root)
         if not root.is_dir():

@@ -35,7 +35,7 @@ from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.merge import merge_datasets
 from leanagent.lifelong.report import write_report
-from leanagent.lifelong.repositories import Repositories, resolve_repositories
+from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories
 from leanagent.lifelong.start_weights import check_start_weights, recorded_start_unchanged, start_weights
 
 log = logging.getLogger("leanagent")
@@ -88,10 +88,10 @@ def config_list(configs: str | os.PathLike | list[str]) -> list[str]:
     return [os.fspath(configs)] if isinstance(configs, (str, os.PathLike)) else [os.fspath(c) for c in configs]
 
 
-def repository_order(settings: LifelongSettings, repos: dict[str, Path]) -> list[str]:
+def repository_order(settings: LifelongSettings, repos: dict[str, Path], theorems: dict | None = None) -> list[str]:
     if settings.order == "given":
         return list(repos)
-    return compute_curriculum(repos, settings.split).order
+    return compute_curriculum(repos, settings.split, theorems).order
 
 
 def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
@@ -245,9 +245,9 @@ class LifelongRun:
     def _run_all(self) -> dict:
         s = self.settings
         ensure_writable(self.out, "output_dir")
+        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
+        order = repository_order(s, repos, check_splits(repos, s.split))  # before output_dir is made
         self.out.mkdir(parents=True, exist_ok=True)
-        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out, s.split).items()}
-        order = repository_order(s, repos)
         state = self._load_state(order)
         if state["stages"]:
             recorded_start_unchanged(state.get("start_weights"), self.out)

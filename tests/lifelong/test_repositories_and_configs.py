@@ -10,7 +10,7 @@ import pytest
 
 from leanagent.errors import LeanAgentError
 from leanagent.lifelong.commands import format_table, parse_ablation, parse_lifelong
-from leanagent.lifelong.repositories import Repositories, resolve_repositories, split_bundled
+from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories, split_bundled
 from leanagent.lifelong.runner import settings_fingerprint
 from tests.conftest import BUNDLED, REPO, config_args, shared_data, tactic, theorem, toy_corpus, write_dataset
 
@@ -47,17 +47,22 @@ def test_data_root_repositories_must_exist(tmp_path):
 
 @pytest.mark.parametrize("content", [[], [{"full_name": "t", "traced_tactics": []}]], ids=["empty", "untraced"])
 def test_a_repository_without_val_theorems_is_refused_before_any_stage(tmp_path, content):
+    from leanagent.lifelong.runner import LifelongRun, LifelongSettings
+
     corpus = [{"path": "A.lean", "imports": [], "premises": []}]
     traced = [theorem("A.lean", "t", 1, [tactic("s", [])])]
-    write_dataset(tmp_path / "good", corpus, {"train": traced, "val": traced, "test": traced})
-    write_dataset(tmp_path / "bad", corpus, {"train": traced, "val": traced, "test": traced})
-    (tmp_path / "bad" / "random" / "val.json").write_text(json.dumps(content))
-    spec = Repositories(data_root=str(tmp_path), names=["good", "bad"], bundled=None)
-    assert list(resolve_repositories(spec, tmp_path)) == ["good", "bad"]  # without a split: not read
+    for name in ("good", "bad"):
+        write_dataset(tmp_path / "data" / name, corpus, {"train": traced, "val": traced, "test": traced})
+    (tmp_path / "data" / "bad" / "random" / "val.json").write_text(json.dumps(content))
+    spec = Repositories(data_root=str(tmp_path / "data"), names=["good", "bad"], bundled=None)
+    repos = resolve_repositories(spec, tmp_path)
+    assert list(check_splits({"good": repos["good"]}, "random")["good"]["val"]) == traced
     with pytest.raises(LeanAgentError, match=r"bad/random/val.json: repository 'bad' has no theorem with traced tactics"):
-        resolve_repositories(spec, tmp_path, "random")
-    spec.names = ["good"]
-    assert list(resolve_repositories(spec, tmp_path, "random")) == ["good"]
+        check_splits(repos, "random")
+    out = tmp_path / "out"
+    with pytest.raises(LeanAgentError, match=r"bad/random/val.json: repository 'bad'"):
+        LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec)).run()
+    assert not out.exists()  # refused before anything is written
 
 
 LIFELONG_CONFIGS = {"lifelong.yaml": ["lifelong.yaml"], "lifelong_mathlib": ["lifelong.yaml", "recipes/lifelong_mathlib.yaml"]}
