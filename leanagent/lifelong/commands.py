@@ -68,7 +68,7 @@ def merge_parser(**kwargs: Any) -> ArgumentParser:
     parser.add_argument("--out", type=str, required=True, help="the merged dataset folder to write")
     # One name (`--split random`) or a list (`--split '[random, novel_premises]'`).
     parser.add_argument("--split", type=str | list[str], default=list(DEFAULT_SPLITS), help="split folders to merge")
-    parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it exists")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace --out if it is an earlier merge (a dataset folder)")
     return parser
 
 

@@ -194,6 +194,17 @@ def _split_names(split: str | Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _check_replaceable(out_dir: Path) -> None:
+    """`overwrite` replaces an earlier merge, nothing else: not a file, not a folder without a corpus (such as
+    `data/` or the project itself), not the folder the command runs in."""
+    if not out_dir.is_dir():
+        raise LeanAgentError(f"output folder {out_dir} is a file: write the merge elsewhere")
+    if not (out_dir / "corpus.jsonl").is_file():
+        raise LeanAgentError(f"output folder {out_dir} is not a dataset (no corpus.jsonl): overwrite replaces only an earlier merge")
+    if out_dir.resolve() in (Path.cwd(), *Path.cwd().parents):
+        raise LeanAgentError(f"output folder {out_dir} holds the current folder: write the merge elsewhere")
+
+
 def merge_datasets(
     sources: list[Path],
     out_dir: Path,
@@ -212,8 +223,12 @@ def merge_datasets(
             raise LeanAgentError(f"source dataset folder not found: {src}")
         if src.resolve() == out_dir.resolve():
             raise LeanAgentError(f"output folder {out_dir} is also a source: write the merge elsewhere")
+        if out_dir.resolve() in src.resolve().parents:
+            raise LeanAgentError(f"output folder {out_dir} contains the source {src}: write the merge elsewhere")
     if out_dir.exists() and not overwrite:
         raise LeanAgentError(f"output folder already exists: {out_dir} (remove it or allow overwriting)")
+    if out_dir.exists():
+        _check_replaceable(out_dir)
 
     files = _read_corpora(sources)
     order = _topological_order(files)
@@ -222,8 +237,11 @@ def merge_datasets(
     for name in splits:
         theorems[name], kept_out[name] = _merge_split(sources, name)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
+    except OSError as e:
+        raise LeanAgentError(f"output folder {out_dir}: cannot create it ({e.strerror or type(e).__name__})") from None
     try:
         with atomic_open(tmp / "corpus.jsonl", "w", encoding="utf-8") as f:
             for path in order:
@@ -234,12 +252,13 @@ def merge_datasets(
         _open_permissions(tmp)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".old"))
-            os.replace(out_dir, old / "previous")
             try:
-                os.replace(tmp, out_dir)
-            except BaseException:
-                os.replace(old / "previous", out_dir)
-                raise
+                os.replace(out_dir, old / "previous")
+                try:
+                    os.replace(tmp, out_dir)
+                except BaseException:
+                    os.replace(old / "previous", out_dir)
+                    raise
             finally:
                 shutil.rmtree(old, ignore_errors=True)
         else:

@@ -191,6 +191,31 @@ def test_existing_out_dir(sources, tmp_path):
         merge_datasets([out], out, split="random", overwrite=True)
 
 
+def test_overwrite_replaces_only_an_earlier_merge(sources, tmp_path, monkeypatch):
+    """`--overwrite` must not delete what is not a merge: a folder holding a source (`--out data` for a source
+    under data/), a folder without a corpus, the folder the command runs in, or a path under a file."""
+    src = tmp_path / "src"
+    (src / "notes.txt").write_text("keep")
+    with pytest.raises(LeanAgentError, match="contains the source"):
+        merge_datasets(sources, src, split="random", overwrite=True)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("keep")
+    with pytest.raises(LeanAgentError, match="is not a dataset"):
+        merge_datasets(sources, plain, split="random", overwrite=True)
+    out = tmp_path / "merged"
+    merge_datasets(sources, out, split="random")
+    monkeypatch.chdir(out)
+    with pytest.raises(LeanAgentError, match="holds the current folder"):
+        merge_datasets(sources, Path("."), split="random", overwrite=True)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(LeanAgentError, match=r"afile/out: cannot create it"):
+        merge_datasets(sources, tmp_path / "afile" / "out", split="random")
+    assert (src / "notes.txt").read_text() == "keep" and all(s.is_dir() for s in sources)
+    assert sorted(p.name for p in plain.iterdir()) == ["notes.txt"]
+    assert leftovers(tmp_path) == ["afile", "merged", "plain", "src"]
+
+
 def test_split_selection(sources, tmp_path):
     # LeanDojo's two split folders by default; these toy sources only have random/.
     with pytest.raises(LeanAgentError, match=r"a/novel_premises/train.json"):
