@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
@@ -13,11 +12,11 @@ from argparse import ArgumentError
 
 from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
-from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
-from leanagent.checkpoint_files import SPECIAL_CKPT_PATHS, load_checkpoint
+from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.distributed import (
     ONE_YEAR,
@@ -29,11 +28,19 @@ from leanagent.distributed import (
     set_nccl_env,
     uses_cpu,
 )
+from leanagent.cli_config import (
+    check_device_count,
+    check_outputs_writable,
+    check_seed,
+    check_trainer_values,
+    model_init_args,
+    resolve_special_ckpt_path,
+    use_final_last_checkpoint,
+)
 from leanagent.cli_errors import check_replaced_configs, summarize_parse_error, user_error
 from leanagent.compat import add_subcommand
 from leanagent.errors import LeanAgentError
 from leanagent.interrupts import Interrupted, stop_on_signals
-from leanagent.io import ensure_writable
 from leanagent.precision import CpuBf16, describe_fallback, run_precision
 from leanagent.retrieval.metrics import format_rankings
 from leanagent.lifelong.commands import COMMANDS
@@ -96,6 +103,8 @@ class LeanAgentCLI(LightningCLI):
         self._raw_args = list(sys.argv[1:] if args is None else args)
         super().parse_arguments(parser, args)
         name = self.config.get("subcommand")
+        if name not in COMMANDS:
+            check_seed(self.config[name] if name else self.config)
         if name in COMMANDS:  # not a Trainer method: nothing of Lightning's to instantiate
             COMMANDS[name].run(self.config[name])
             raise CommandFinished(name)
@@ -123,8 +132,9 @@ class LeanAgentCLI(LightningCLI):
         if not subcommand:
             return
         config = self.config[subcommand]
+        resolve_special_ckpt_path(config, subcommand)
         ckpt_path = config.get("ckpt_path")
-        if not ckpt_path or ckpt_path in SPECIAL_CKPT_PATHS:
+        if not ckpt_path:
             return
         self._checkpoint = load_checkpoint(ckpt_path)
         if subcommand == "fit" and "optimizer_states" not in self._checkpoint:
@@ -152,6 +162,7 @@ class LeanAgentCLI(LightningCLI):
         if message:
             log.info("rank %s: %s", os.environ.get("LOCAL_RANK", "0"), message)
         use_final_last_checkpoint(config)
+        check_trainer_values(config)
         if self.subcommand in ("fit", "predict"):
             check_outputs_writable(config)
         if self.subcommand == "fit":
@@ -173,7 +184,10 @@ class LeanAgentCLI(LightningCLI):
         run = getattr(self, "_run_precision", None)
         if run is not None:
             kwargs.setdefault("precision", run)
-        return super().instantiate_trainer(**kwargs)
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (ValueError, MisconfigurationException) as e:  # Lightning's checks of the trainer's settings
+            raise LeanAgentError(f"trainer: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
 
     def before_fit(self) -> None:
         """`test_after_fit` reads the test split first, so that a bad test.json fails now, not after the fit."""
@@ -226,65 +240,6 @@ def configure_distributed(config: Namespace) -> None:
     if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
         limit_cpu_threads(devices)
 
-
-
-LIGHTNING_MODEL_CHECKPOINT = (
-    "pytorch_lightning.callbacks.ModelCheckpoint",
-    "pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint",
-)
-FINAL_LAST_CHECKPOINT = "leanagent.callbacks.checkpoints.ModelCheckpoint"
-
-
-def use_final_last_checkpoint(config: Namespace) -> None:
-    """LeanAgent's configs name Lightning's ModelCheckpoint, whose last.ckpt can lag behind the final epoch;
-    ours takes the same arguments and always writes the final state."""
-    callbacks = config.trainer.get("callbacks") or []
-    for callback in callbacks if isinstance(callbacks, list) else []:
-        if isinstance(callback, Namespace) and callback.get("class_path") in LIGHTNING_MODEL_CHECKPOINT:
-            callback.class_path = FINAL_LAST_CHECKPOINT
-            log.info("trainer.callbacks: %s runs as %s (same arguments; last.ckpt is always the final epoch)",
-                     LIGHTNING_MODEL_CHECKPOINT[0], FINAL_LAST_CHECKPOINT)
-
-
-def logger_name(config: Namespace) -> str | None:
-    logger = config.trainer.get("logger")
-    if isinstance(logger, Namespace):
-        return (logger.get("init_args") or Namespace()).get("name")
-    return None
-
-
-def check_device_count(devices: Any) -> None:
-    value = devices
-    if isinstance(devices, str) and devices.lstrip("-").isdigit():
-        value = int(devices)
-    if isinstance(value, int) and (value == 0 or value < -1):
-        raise LeanAgentError(f"trainer.devices must be a positive number of devices, -1 or 'auto', got {devices!r}")
-
-
-def model_init_args(config: Namespace) -> Namespace:
-    """The model's init_args, as a Namespace that assignments reach (an empty, detached one when there are none)."""
-    model = config.get("model")
-    init_args = model.get("init_args") if isinstance(model, Namespace) else None
-    return init_args if isinstance(init_args, Namespace) else Namespace()
-
-
-def check_outputs_writable(config: Namespace) -> None:
-    """Find an unwritable output folder now, not after an epoch of training."""
-    outputs: list[tuple[str, str]] = []
-    for i, callback in enumerate(config.trainer.get("callbacks") or []):
-        dirpath = callback.get("init_args", Namespace()).get("dirpath") if isinstance(callback, Namespace) else None
-        if not dirpath and isinstance(callback, Namespace) and callback.class_path == FINAL_LAST_CHECKPOINT:
-            dirpath = default_dirpath(logger_name(config) or "lightning_logs", config.trainer.get("default_root_dir"))
-        if dirpath:
-            outputs.append((f"trainer.callbacks[{i}] ({callback.class_path.rsplit('.', 1)[-1]}) dirpath", dirpath))
-    logger = config.trainer.get("logger")
-    if isinstance(logger, Namespace) and logger.get("init_args", Namespace()).get("save_dir"):
-        outputs.append(("trainer.logger save_dir", logger.init_args.save_dir))
-    model_args = model_init_args(config)
-    if model_args.get("output_path"):
-        outputs.append(("model.init_args.output_path", str(Path(model_args.output_path).parent)))
-    for what, folder in outputs:
-        ensure_writable(folder, what)
 
 
 ARCHITECTURE_KEYS = ("model_name",)

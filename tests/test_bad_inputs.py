@@ -59,6 +59,10 @@ def test_config_errors_name_the_file_and_key_in_one_line(capsys, in_tmp, content
         ("--data.num_workers=-1", "data.num_workers must be 0"),
         ("--model.init_args.ewc_lambda=-1", "ewc_lambda must be a finite non-negative number"),
         ("--model.init_args.ewc_lambda=0.5", "fisher_path is not set"),
+        ("--trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches must be a positive integer"),
+        ("--trainer.num_nodes=0", "trainer.num_nodes must be a positive integer"),
+        ("--seed_everything=-1", "seed_everything must be"),
+        ("--trainer.accelerator=nonsense", "trainer: You selected an invalid accelerator name"),
     ],
 )
 def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, setting, fragment):
@@ -126,3 +130,45 @@ def test_test_after_fit_refuses_a_bad_test_split_before_training(capsys, in_tmp,
     test.write_text(split) if split is not None else test.unlink()
     one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--test_after_fit=true"], "test.json", fragment)
     assert not (in_tmp / "checkpoints").exists()  # refused before the fit, not after it
+
+
+@pytest.mark.parametrize("name", ["best", "hpc", "registry", "last"])
+def test_lightnings_named_checkpoints_that_name_nothing_are_refused(capsys, in_tmp, toy_dataset, name):
+    """A new process has no best, hpc or registry checkpoint; `last` with no last.ckpt would evaluate random weights."""
+    one_error(capsys, ["validate", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={name}"],
+              f"--ckpt_path={name}", "give a checkpoint file")
+    assert not (in_tmp / "lightning_logs").exists()
+
+
+def test_ckpt_path_last_is_this_configs_last_checkpoint(in_tmp, retriever_checkpoint):
+    from jsonargparse import Namespace
+
+    from leanagent.cli_config import resolve_special_ckpt_path
+
+    def config(ckpt: str) -> Namespace:
+        logger = Namespace(class_path="x", init_args=Namespace(name="mine"))
+        return Namespace(ckpt_path=ckpt, trainer=Namespace(callbacks=[], logger=logger, default_root_dir=None))
+
+    fresh = config("last")
+    resolve_special_ckpt_path(fresh, "fit")  # a fit with no last.ckpt yet starts fresh, as Lightning's does
+    assert fresh.ckpt_path is None
+    (in_tmp / "checkpoints" / "mine").mkdir(parents=True)
+    (in_tmp / "checkpoints" / "mine" / "last.ckpt").write_bytes(retriever_checkpoint.read_bytes())
+    found = config("last")
+    resolve_special_ckpt_path(found, "validate")
+    assert found.ckpt_path == str(Path("checkpoints") / "mine" / "last.ckpt")
+
+
+@pytest.mark.parametrize("kind", ["under-a-file", "a-folder"])
+def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy_dataset, retriever_checkpoint, kind):
+    (in_tmp / "afile").write_text("x")
+    (in_tmp / "afolder").mkdir()
+    target = "afile/predictions.jsonl" if kind == "under-a-file" else "afolder"
+    (in_tmp / "writer.yaml").write_text(
+        "trainer:\n  callbacks:\n    - class_path: leanagent.callbacks.predictions.PremisePredictionWriter\n"
+        f"      init_args:\n        output_path: {target}\n"
+    )
+    one_error(capsys, ["predict", "--config", RETRIEVAL, "--config", "writer.yaml", *ONE_CPU, *data(toy_dataset),
+                       "--model.init_args.model_name=byt5-tiny", "--model.init_args.init_from=null",
+                       f"--ckpt_path={retriever_checkpoint}"], "PremisePredictionWriter) output_path")
+    assert not (in_tmp / "lightning_logs").exists()

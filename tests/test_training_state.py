@@ -12,7 +12,8 @@ from jsonargparse import Namespace
 from leanagent.callbacks.checkpoints import ModelCheckpoint
 from leanagent.callbacks.progressive import plan_max_epochs
 from leanagent.checkpoint_files import FIT_STATE_KEY, load_checkpoint, next_fit_start
-from leanagent.cli import LeanAgentCLI, adopt_checkpoint_hparams, use_final_last_checkpoint
+from leanagent.cli import LeanAgentCLI, adopt_checkpoint_hparams
+from leanagent.cli_config import use_final_last_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.models.schedule import warmup_cosine
 

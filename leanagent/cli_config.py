@@ -1,0 +1,135 @@
+"""Checks and fix-ups of a parsed command's config, made before anything is instantiated or written: a bad
+value is one `error:` line now, not a traceback from Lightning or a failure after an epoch of training."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from jsonargparse import Namespace
+
+from leanagent.callbacks.checkpoints import default_dirpath
+from leanagent.checkpoint_files import SPECIAL_CKPT_PATHS
+from leanagent.errors import LeanAgentError
+from leanagent.io import ensure_writable
+
+log = logging.getLogger("leanagent")
+
+LIGHTNING_MODEL_CHECKPOINT = (
+    "pytorch_lightning.callbacks.ModelCheckpoint",
+    "pytorch_lightning.callbacks.model_checkpoint.ModelCheckpoint",
+)
+FINAL_LAST_CHECKPOINT = "leanagent.callbacks.checkpoints.ModelCheckpoint"
+SEED_RANGE = (0, 2**32 - 1)  # what numpy, and so seed_everything, accepts
+
+
+def use_final_last_checkpoint(config: Namespace) -> None:
+    """LeanAgent's configs name Lightning's ModelCheckpoint, whose last.ckpt can lag behind the final epoch;
+    ours takes the same arguments and always writes the final state."""
+    callbacks = config.trainer.get("callbacks") or []
+    for callback in callbacks if isinstance(callbacks, list) else []:
+        if isinstance(callback, Namespace) and callback.get("class_path") in LIGHTNING_MODEL_CHECKPOINT:
+            callback.class_path = FINAL_LAST_CHECKPOINT
+            log.info("trainer.callbacks: %s runs as %s (same arguments; last.ckpt is always the final epoch)",
+                     LIGHTNING_MODEL_CHECKPOINT[0], FINAL_LAST_CHECKPOINT)
+
+
+def logger_name(config: Namespace) -> str | None:
+    logger = config.trainer.get("logger")
+    if isinstance(logger, Namespace):
+        return (logger.get("init_args") or Namespace()).get("name")
+    return None
+
+
+def check_device_count(devices: Any) -> None:
+    value = devices
+    if isinstance(devices, str) and devices.lstrip("-").isdigit():
+        value = int(devices)
+    if isinstance(value, int) and (value == 0 or value < -1):
+        raise LeanAgentError(f"trainer.devices must be a positive number of devices, -1 or 'auto', got {devices!r}")
+
+
+def check_trainer_values(config: Namespace) -> None:
+    """Values Lightning refuses with a traceback (or, for accumulate_grad_batches 0, a ZeroDivisionError mid-fit)."""
+    for key in ("accumulate_grad_batches", "num_nodes"):
+        value = config.trainer.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise LeanAgentError(f"trainer.{key} must be a positive integer, got {value!r}")
+
+
+def check_seed(config: Namespace) -> None:
+    seed = config.get("seed_everything")
+    if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise LeanAgentError(f"seed_everything must be true, false or an integer in [0, 2**32 - 1], got {seed}")
+
+
+def model_init_args(config: Namespace) -> Namespace:
+    """The model's init_args, as a Namespace that assignments reach (an empty, detached one when there are none)."""
+    model = config.get("model")
+    init_args = model.get("init_args") if isinstance(model, Namespace) else None
+    return init_args if isinstance(init_args, Namespace) else Namespace()
+
+
+def checkpoint_dirpath(config: Namespace) -> str:
+    """Where this config's ModelCheckpoint writes (its dirpath, or checkpoints/<logger name>)."""
+    for callback in config.trainer.get("callbacks") or []:
+        if isinstance(callback, Namespace) and callback.get("class_path") in (FINAL_LAST_CHECKPOINT, *LIGHTNING_MODEL_CHECKPOINT):
+            dirpath = (callback.get("init_args") or Namespace()).get("dirpath")
+            if dirpath:
+                return str(dirpath)
+    return default_dirpath(logger_name(config) or "lightning_logs", config.trainer.get("default_root_dir"))
+
+
+def resolve_special_ckpt_path(config: Namespace, subcommand: str) -> None:
+    """Lightning's named checkpoints in a command of their own: `last` is this config's last.ckpt (a fit without
+    one starts fresh, as Lightning's does); `best`, `hpc` and `registry` name nothing a new process can find."""
+    name = config.get("ckpt_path")
+    if name not in SPECIAL_CKPT_PATHS:
+        return
+    folder = checkpoint_dirpath(config)
+    last = Path(folder) / "last.ckpt"
+    if name == "last" and last.is_file():
+        config.ckpt_path = str(last)
+        log.info("--ckpt_path=last: %s", last)
+    elif name == "last" and subcommand == "fit":
+        config.ckpt_path = None
+        log.info("--ckpt_path=last: no %s yet, so this fit starts fresh", last)
+    elif name == "last":
+        raise LeanAgentError(f"--ckpt_path=last: no checkpoint {last} to {subcommand}; give a checkpoint file")
+    else:
+        raise LeanAgentError(
+            f"--ckpt_path={name}: a new process has no {name!r} checkpoint to find; give a checkpoint file "
+            f"(such as {last}, or the best epoch's file in {folder})"
+        )
+
+
+def check_outputs_writable(config: Namespace) -> None:
+    """Find an unwritable output folder now, not after an epoch of training (or a whole prediction pass)."""
+    outputs: list[tuple[str, str]] = []
+    for i, callback in enumerate(config.trainer.get("callbacks") or []):
+        if not isinstance(callback, Namespace):
+            continue
+        init_args = callback.get("init_args") or Namespace()
+        what = f"trainer.callbacks[{i}] ({callback.class_path.rsplit('.', 1)[-1]})"
+        dirpath = init_args.get("dirpath")
+        if not dirpath and callback.class_path == FINAL_LAST_CHECKPOINT:
+            dirpath = default_dirpath(logger_name(config) or "lightning_logs", config.trainer.get("default_root_dir"))
+        if dirpath:
+            outputs.append((f"{what} dirpath", dirpath))
+        if init_args.get("output_path"):
+            outputs.append(_file_output(f"{what} output_path", init_args.output_path))
+    logger = config.trainer.get("logger")
+    if isinstance(logger, Namespace) and logger.get("init_args", Namespace()).get("save_dir"):
+        outputs.append(("trainer.logger save_dir", logger.init_args.save_dir))
+    model_args = model_init_args(config)
+    if model_args.get("output_path"):
+        outputs.append(_file_output("model.init_args.output_path", model_args.output_path))
+    for what, folder in outputs:
+        ensure_writable(folder, what)
+
+
+def _file_output(what: str, path: str | Path) -> tuple[str, str]:
+    if Path(path).is_dir():
+        raise LeanAgentError(f"{what}: {path} is a folder; give a file path")
+    return what, str(Path(path).parent)
