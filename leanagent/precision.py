@@ -15,6 +15,8 @@ from leanagent.distributed import uses_cpu
 
 CpuBf16 = Literal["auto", "always"]
 BF16_PRECISIONS = ("bf16", "bf16-mixed", "bf16-true")
+# Lightning's precision settings that an evaluation can run in (its Trainer also takes plugins' names).
+PRECISIONS = ("64-true", "32-true", "16-mixed", "16-true", *BF16_PRECISIONS, "64", "32", "16", 64, 32, 16)
 CPU_FALLBACK = "32-true"
 
 

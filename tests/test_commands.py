@@ -122,7 +122,7 @@ def test_model_checkpoint_without_dirpath_writes_under_the_logger_name(tmp_path)
 @pytest.mark.parametrize("name", list(LIFELONG_COMBINATIONS))
 def test_every_lifelong_combination_parses(name):
     settings = parse_lifelong(config_args(LIFELONG_COMBINATIONS[name]))
-    from leanagent.lifelong.runner import config_list
+    from leanagent.lifelong.settings import config_list
 
     for config in [*config_list(settings.retrieval_config), *config_list(settings.fisher_config)]:
         assert (REPO / config).is_file(), config

@@ -17,7 +17,8 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 from leanagent.io import write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
 from leanagent.lifelong.repositories import Repositories, resolve_repositories
-from leanagent.lifelong.runner import EWCSettings, LifelongRun, LifelongSettings
+from leanagent.lifelong.runner import LifelongRun
+from leanagent.lifelong.settings import EWCSettings, LifelongSettings
 
 log = logging.getLogger("leanagent")
 
@@ -78,7 +79,6 @@ def lifelong_settings(config: Namespace) -> LifelongSettings:
     settings.repositories = Repositories(**(values.get("repositories") or {}))
     settings.ewc = EWCSettings(**(values.get("ewc") or {}))
     return settings
-
 
 def ablation_settings(config: Namespace) -> AblationSettings:
     values = _plain(config)

@@ -11,17 +11,14 @@ from scratch, so the final table equals that of an uninterrupted run.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Literal
 
 import torch
 
@@ -35,57 +32,11 @@ from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.merge import merge_datasets
 from leanagent.lifelong.report import write_report
-from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories
+from leanagent.lifelong.repositories import check_splits, resolve_repositories
+from leanagent.lifelong.settings import LifelongSettings, check_settings, config_list, settings_fingerprint
 from leanagent.lifelong.start_weights import check_start_weights, recorded_start_unchanged, start_weights
 
 log = logging.getLogger("leanagent")
-
-
-@dataclass
-class EWCSettings:
-    """Defaults reproduce LeanAgent's code: the latest Fisher only (gamma 0) and no 1/2 in the penalty."""
-
-    enabled: bool = False
-    ewc_lambda: float = 0.1
-    gamma: float = 0.0
-    form: Literal["paper", "leanagent"] = "leanagent"
-
-
-@dataclass
-class LifelongSettings:
-    """One lifelong run. Paths are relative to the working directory."""
-
-    output_dir: str = "results/lifelong"
-    repositories: Repositories = field(default_factory=Repositories)
-    order: Literal["curriculum", "given"] = "curriculum"
-    construction: Literal["single_repo", "merge_all"] = "single_repo"
-    ewc: EWCSettings = field(default_factory=EWCSettings)
-    epochs_per_repo: int = 1
-    resume_from: Literal["best", "last"] = "best"
-    split: str = "random"
-    # One config, or several composed in order (a base and overlays, as repeated --config composes them).
-    retrieval_config: str | list[str] = "configs/retrieval.yaml"
-    fisher_config: str | list[str] = "configs/fisher.yaml"
-    stage_args: list[str] = field(default_factory=list)
-    eval_precision: str = "32-true"
-    eval_batch_size: int = 64
-    metric_window: int = 5
-    seed: int = 3407
-
-
-def settings_fingerprint(settings: LifelongSettings) -> str:
-    """What makes two runs the same run: the settings and the content of the stage configs they name
-    (editing configs/retrieval.yaml in place makes another run); output_dir is where, not what."""
-    described = {k: v for k, v in asdict(settings).items() if k != "output_dir"}
-    for key in ("retrieval_config", "fisher_config"):
-        described[f"{key}_sha256"] = [
-            hashlib.sha256(Path(p).read_bytes()).hexdigest() if Path(p).is_file() else None for p in config_list(described[key])
-        ]
-    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def config_list(configs: str | os.PathLike | list[str]) -> list[str]:
-    return [os.fspath(configs)] if isinstance(configs, (str, os.PathLike)) else [os.fspath(c) for c in configs]
 
 
 def repository_order(settings: LifelongSettings, repos: dict[str, Path], theorems: dict | None = None) -> list[str]:
@@ -217,8 +168,7 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
 
 class LifelongRun:
     def __init__(self, settings: LifelongSettings) -> None:
-        if settings.epochs_per_repo < 1:
-            raise LeanAgentError(f"epochs_per_repo must be at least 1, got {settings.epochs_per_repo}")
+        check_settings(settings)
         self.settings = settings
         self.out = Path(settings.output_dir).resolve()
         self.state_path = self.out / "state.json"

@@ -11,7 +11,7 @@ import pytest
 from leanagent.errors import LeanAgentError
 from leanagent.lifelong.commands import format_table, parse_ablation, parse_lifelong
 from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories, split_bundled
-from leanagent.lifelong.runner import settings_fingerprint
+from leanagent.lifelong.settings import settings_fingerprint
 from tests.conftest import BUNDLED, REPO, config_args, shared_data, tactic, theorem, toy_corpus, write_dataset
 
 
@@ -47,7 +47,8 @@ def test_data_root_repositories_must_exist(tmp_path):
 
 @pytest.mark.parametrize("content", [[], [{"full_name": "t", "traced_tactics": []}]], ids=["empty", "untraced"])
 def test_a_repository_without_val_theorems_is_refused_before_any_stage(tmp_path, content):
-    from leanagent.lifelong.runner import LifelongRun, LifelongSettings
+    from leanagent.lifelong.runner import LifelongRun
+    from leanagent.lifelong.settings import LifelongSettings
 
     corpus = [{"path": "A.lean", "imports": [], "premises": []}]
     traced = [theorem("A.lean", "t", 1, [tactic("s", [])])]
@@ -73,7 +74,7 @@ def test_lifelong_configs_parse(name):
     settings = parse_lifelong(config_args(LIFELONG_CONFIGS[name]))
     assert settings.order == "curriculum" and settings.construction == "single_repo"
     assert settings.ewc.form == "leanagent" and settings.ewc.gamma == 0.0  # LeanAgent's EWC, whether on or off
-    from leanagent.lifelong.runner import config_list
+    from leanagent.lifelong.settings import config_list
 
     for config in [*config_list(settings.retrieval_config), *config_list(settings.fisher_config)]:
         assert (REPO / config).is_file(), config
@@ -122,7 +123,8 @@ def _fit_checkpoint(path: Path, finished: bool, best: Path | None = None) -> Pat
 def test_a_stage_finds_its_checkpoints_where_the_retrieval_config_writes_them(tmp_path):
     """configs/recipes/mathlib.yaml names its logger retrieval_mathlib, so it writes checkpoints/retrieval_mathlib:
     a stage of that recipe must find its fit's progress (to resume) and its last and best checkpoints there."""
-    from leanagent.lifelong.runner import LifelongRun, LifelongSettings, checkpoint_folder
+    from leanagent.lifelong.runner import LifelongRun, checkpoint_folder
+    from leanagent.lifelong.settings import LifelongSettings
 
     config = [str(REPO / "configs" / "retrieval.yaml"), str(REPO / "configs" / "recipes" / "mathlib.yaml")]
     assert checkpoint_folder(config) == Path("checkpoints/retrieval_mathlib")
@@ -164,3 +166,30 @@ def test_a_composed_retrieval_config_takes_the_checkpoint_folder_of_its_last_cal
                    "      init_args: {dirpath: checkpoints/own}\n")
     assert checkpoint_folder([str(base), str(own)]) == Path("checkpoints/own")
     assert checkpoint_folder([str(own), str(overlay)]) == Path("checkpoints/own")
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"metric_window": 0}, "metric_window must be a positive integer"),
+        ({"eval_batch_size": 0}, "eval_batch_size must be a positive integer"),
+        ({"epochs_per_repo": 0}, "epochs_per_repo must be a positive integer"),
+        ({"eval_precision": "foo"}, "eval_precision must be one of"),
+        ({"ewc": {"enabled": True, "ewc_lambda": -1.0}}, "ewc.ewc_lambda must be a finite non-negative number"),
+        ({"ewc": {"gamma": float("nan")}}, "ewc.gamma must be a finite non-negative number"),
+        ({"ewc": {"enabled": True}, "fisher_config": "nothing.yaml"}, "fisher_config: nothing.yaml is not a file"),
+    ],
+)
+def test_settings_used_after_stages_are_refused_before_the_first(tmp_path, change, fragment):
+    """The report's window and the evaluations come after every stage's fit: a bad value must not cost a stage."""
+    from dataclasses import replace
+
+    from leanagent.lifelong.runner import LifelongRun
+    from leanagent.lifelong.settings import EWCSettings, LifelongSettings
+
+    ewc = EWCSettings(**change.pop("ewc", {}))
+    settings = replace(LifelongSettings(output_dir=str(tmp_path / "out"), retrieval_config=str(REPO / "configs" / "retrieval.yaml")),
+                       ewc=ewc, **change)
+    with pytest.raises(LeanAgentError, match=fragment):
+        LifelongRun(settings)
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,83 @@
+"""What a lifelong run is: its settings, checked before the first stage, and their fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from leanagent.errors import LeanAgentError
+from leanagent.lifelong.repositories import Repositories
+from leanagent.precision import PRECISIONS
+
+
+@dataclass
+class EWCSettings:
+    """Defaults reproduce LeanAgent's code: the latest Fisher only (gamma 0) and no 1/2 in the penalty."""
+
+    enabled: bool = False
+    ewc_lambda: float = 0.1
+    gamma: float = 0.0
+    form: Literal["paper", "leanagent"] = "leanagent"
+
+
+@dataclass
+class LifelongSettings:
+    """One lifelong run. Paths are relative to the working directory."""
+
+    output_dir: str = "results/lifelong"
+    repositories: Repositories = field(default_factory=Repositories)
+    order: Literal["curriculum", "given"] = "curriculum"
+    construction: Literal["single_repo", "merge_all"] = "single_repo"
+    ewc: EWCSettings = field(default_factory=EWCSettings)
+    epochs_per_repo: int = 1
+    resume_from: Literal["best", "last"] = "best"
+    split: str = "random"
+    # One config, or several composed in order (a base and overlays, as repeated --config composes them).
+    retrieval_config: str | list[str] = "configs/retrieval.yaml"
+    fisher_config: str | list[str] = "configs/fisher.yaml"
+    stage_args: list[str] = field(default_factory=list)
+    eval_precision: str = "32-true"
+    eval_batch_size: int = 64
+    metric_window: int = 5
+    seed: int = 3407
+
+
+def settings_fingerprint(settings: LifelongSettings) -> str:
+    """What makes two runs the same run: the settings and the content of the stage configs they name
+    (editing configs/retrieval.yaml in place makes another run); output_dir is where, not what."""
+    described = {k: v for k, v in asdict(settings).items() if k != "output_dir"}
+    for key in ("retrieval_config", "fisher_config"):
+        described[f"{key}_sha256"] = [
+            hashlib.sha256(Path(p).read_bytes()).hexdigest() if Path(p).is_file() else None for p in config_list(described[key])
+        ]
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_list(configs: str | os.PathLike | list[str]) -> list[str]:
+    return [os.fspath(configs)] if isinstance(configs, (str, os.PathLike)) else [os.fspath(c) for c in configs]
+
+
+
+def check_settings(s: LifelongSettings) -> None:
+    """What the runner uses only after stages have trained (the report's window, the evaluations, the EWC
+    stages' Fisher command) is checked before the first one."""
+    for key in ("metric_window", "eval_batch_size", "epochs_per_repo"):
+        value = getattr(s, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LeanAgentError(f"{key} must be a positive integer, got {value!r}")
+    if s.eval_precision not in PRECISIONS:
+        raise LeanAgentError(f"eval_precision must be one of {', '.join(p for p in PRECISIONS if isinstance(p, str))}; got {s.eval_precision!r}")
+    for key in ("ewc_lambda", "gamma"):
+        value = getattr(s.ewc, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise LeanAgentError(f"ewc.{key} must be a finite non-negative number, got {value!r}")
+    configs = {"retrieval_config": s.retrieval_config, **({"fisher_config": s.fisher_config} if s.ewc.enabled else {})}
+    for key, paths in configs.items():
+        for path in config_list(paths):
+            if not Path(path).is_file():
+                raise LeanAgentError(f"{key}: {path} is not a file")
