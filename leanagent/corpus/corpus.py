@@ -24,6 +24,7 @@ from leanagent.io import iter_jsonl
 log = logging.getLogger("leanagent")
 
 _LINE = 1 << 24
+_MAX_LINE = 1 << 38
 MARK_START, MARK_END = "<a>", "</a>"
 
 
@@ -69,6 +70,8 @@ def position_key(pos: object, where: str) -> int:
     line, col = pos
     if col >= _LINE:
         raise LeanAgentError(f"{where}: column {col} is out of range")
+    if line >= _MAX_LINE:  # the key is an int64 in the accessibility masks
+        raise LeanAgentError(f"{where}: line {line} is out of range")
     return line * _LINE + col
 
 
@@ -163,7 +166,7 @@ class Corpus:
         index = {p: i for i, p in enumerate(paths)}
         imports = [[index[i] for i in file_imports] for _, file_imports in raw_imports]
         try:
-            return cls(
+            corpus = cls(
                 paths, imports, names, codes,
                 np.asarray(premise_file, dtype=np.int64),
                 np.asarray(starts, dtype=np.int64),
@@ -172,6 +175,9 @@ class Corpus:
             )
         except ImportCycle as cycle:
             raise LeanAgentError(f"{path}: import cycle: {' -> '.join(cycle.files)}") from None
+        if not names:
+            raise LeanAgentError(f"{path}: no file of the corpus has a premise (every 'premises' list is empty or skipped)")
+        return corpus
 
     def __len__(self) -> int:
         return len(self.names)
