@@ -40,13 +40,24 @@ def _folder(path: str, depth: int) -> str:
     return "/".join(parts[:depth])
 
 
+def _read_located(path: Path) -> list[dict]:
+    """A split file whose theorems each name their file: the bundled dataset is split by it."""
+    theorems = read_json(path)
+    if not isinstance(theorems, list):
+        raise LeanAgentError(f"{path}: expected a JSON list of theorems")
+    for k, thm in enumerate(theorems):
+        if not isinstance(thm, dict) or not isinstance(thm.get("file_path"), str):
+            raise LeanAgentError(f"{path}: theorem #{k}: expected an object with a string 'file_path'")
+    return theorems
+
+
 def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str, Path]:
     """Write one dataset folder per repository under `out_root` (idempotent: same input, same output)."""
     splits = _split_folders(dataset)
     if not splits:
         raise LeanAgentError(f"{dataset}: no split folder with train.json")
     reference = splits[0]
-    theorems = {s: read_json(dataset / reference / f"{s}.json") for s in SPLIT_FILES}
+    theorems = {s: _read_located(dataset / reference / f"{s}.json") for s in SPLIT_FILES}
     paths = [t["file_path"] for s in SPLIT_FILES for t in theorems[s]]
     deep = Counter(_folder(p, 2) for p in paths)
     is_deep = lambda path: bool(_folder(path, 2)) and deep[_folder(path, 2)] >= min_theorems
@@ -65,7 +76,7 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str,
     for split in splits:
         for part in SPLIT_FILES:
             by_repository: dict[str, list] = {name: [] for name in names}
-            for t in read_json(dataset / split / f"{part}.json"):
+            for t in _read_located(dataset / split / f"{part}.json"):
                 if repository(t["file_path"]) in by_repository:
                     by_repository[repository(t["file_path"])].append(t)
             parts[split, part] = by_repository

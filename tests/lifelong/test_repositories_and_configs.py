@@ -193,3 +193,13 @@ def test_settings_used_after_stages_are_refused_before_the_first(tmp_path, chang
     with pytest.raises(LeanAgentError, match=fragment):
         LifelongRun(settings)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", [{"not": "a list"}, [{"full_name": "t"}], [{"file_path": 5}]], ids=["object", "no-path", "int-path"])
+def test_a_malformed_bundled_dataset_is_one_error(tmp_path, content):
+    corpus = [{"path": "P/A/x.lean", "imports": [], "premises": []}]
+    root = write_dataset(tmp_path / "d", corpus, {"train": [theorem("P/A/x.lean", "a", 1, [])]})
+    (root / "random" / "val.json").write_text(json.dumps(content))
+    with pytest.raises(LeanAgentError, match=r"d/random/val.json: (expected a JSON list|theorem #0: expected an object with a string 'file_path')"):
+        split_bundled(root, tmp_path / "out", min_theorems=1)
+    assert not (tmp_path / "out").exists()
