@@ -8,7 +8,8 @@ after the usage, exit code 2.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
@@ -35,3 +36,15 @@ def value_or(args: Namespace, name: str, default: Any) -> Any:
     """The parsed value of an optional positional, or `default` where neither the command line nor a config gave one."""
     value = getattr(args, name, None)
     return default if value is None or (isinstance(value, Sequence) and not isinstance(value, str) and not value) else value
+
+
+def run(main: Callable[..., Any], *args: Any) -> None:
+    """A benchmark's entry point: a user error (a damaged checkpoint, a missing dataset) is one `error:` line and
+    exit code 2, as in the app, not a traceback."""
+    from leanagent.errors import LeanAgentError
+
+    try:
+        main(*args)
+    except LeanAgentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

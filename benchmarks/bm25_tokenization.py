@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.arguments import add_optional_positional, benchmark_parser, value_or
+from benchmarks.arguments import add_optional_positional, benchmark_parser, run, value_or
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import load_tactic_states
 from leanagent.retrieval.metrics import retrieval_metrics
@@ -83,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.arguments import add_optional_positional, benchmark_parser, value_or
+from benchmarks.arguments import add_optional_positional, benchmark_parser, run, value_or
 from leanagent.corpus.corpus import Corpus
 from leanagent.data.negatives import NegativeSampler
 from leanagent.corpus.tactics import load_tactic_states
@@ -56,4 +56,4 @@ DEFAULT_DATASET = Path(__file__).resolve().parents[2] / "shared" / "data" / "mat
 if __name__ == "__main__":
     parser = benchmark_parser(__doc__)
     add_optional_positional(parser, "dataset", "?", type=Path, help=f"a dataset folder (default: {DEFAULT_DATASET})")
-    main(value_or(parser.parse_args(), "dataset", DEFAULT_DATASET))
+    run(main, value_or(parser.parse_args(), "dataset", DEFAULT_DATASET))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.arguments import benchmark_parser
+from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.fisher import FisherInformation
 from leanagent.models.losses import batch_loss
@@ -83,4 +83,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 import leanagent.retrieval.fusion as fusion
+from benchmarks.arguments import run
 from benchmarks.hybrid_weights import checkpoint_on_datasets, val_and_test
 
 Normalise = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -77,4 +78,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytorch_lightning as pl
 import torch
 
-from benchmarks.arguments import benchmark_parser
+from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.models.encoder import PRESETS
 from leanagent.models.retriever import PremiseRetriever
@@ -101,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jsonargparse import Namespace
 
-from benchmarks.arguments import add_optional_positional, benchmark_parser, value_or
+from benchmarks.arguments import add_optional_positional, benchmark_parser, run, value_or
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluate, evaluation_trainer
@@ -77,4 +77,4 @@ def _table(args: Namespace, rows: list[tuple], grids: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.arguments import benchmark_parser
+from benchmarks.arguments import benchmark_parser, run
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import load_tactic_states
 from leanagent.retrieval.bm25 import masked_topk
@@ -209,4 +209,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

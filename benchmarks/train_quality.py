@@ -24,7 +24,7 @@ import torch
 
 from jsonargparse import Namespace
 
-from benchmarks.arguments import benchmark_parser
+from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluate
 from leanagent.models.losses import LOSSES
@@ -165,4 +165,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.arguments import benchmark_parser
+from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.data.samplers import EpochShuffledSampler
 from leanagent.distributed import local_cpu_count
@@ -181,4 +181,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

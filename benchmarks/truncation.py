@@ -15,7 +15,7 @@ import numpy as np
 
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import load_tactic_states
-from benchmarks.arguments import benchmark_parser
+from benchmarks.arguments import benchmark_parser, run
 from leanagent.models.tokenizer import ByteTokenizer
 
 
@@ -46,4 +46,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -43,6 +43,8 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
     # from the memory map), random bytes, an unsafe pickle; torch raises many types.
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        if type(e).__name__ == "UnpicklingError":  # torch's text advises weights_only=False, which we never do
+            first = "not a torch checkpoint, or it holds objects other than tensors and plain data"
         raise LeanAgentError(
             f"{what}: {p} is not a loadable weights-only checkpoint ({type(e).__name__}: {first})"
         ) from None

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import subprocess
+import sys
 from pathlib import Path
 
 from leanagent.checkpoint_files import load_checkpoint
+from leanagent.errors import LeanAgentError
 from leanagent.io import write_json
 from leanagent.pretrained import SHIPPED_DIR, save_encoder
 
@@ -44,16 +46,26 @@ def git_commit() -> str | None:
 def export(
     checkpoint_path: Path, name: str, command: str, out_dir: Path = SHIPPED_DIR, note: str = "", commit: str | None = None
 ) -> Path:
+    if not name or Path(name).name != name:
+        raise LeanAgentError(f"--name: {name!r} must be a file name without folders (the files go in --out-dir)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise LeanAgentError(f"--out-dir: {out_dir} is a file")
     checkpoint = load_checkpoint(checkpoint_path, "checkpoint")
-    hparams = dict(checkpoint.get("hyper_parameters") or {})
-    data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
+    hparams, data = checkpoint.get("hyper_parameters"), checkpoint.get("datamodule_hyper_parameters") or {}
+    if not isinstance(checkpoint.get("state_dict"), dict) or not isinstance(hparams, dict) or not isinstance(data, dict):
+        raise LeanAgentError(f"checkpoint: {checkpoint_path} is not a fit's checkpoint (state_dict and hyper_parameters)")
+    if not isinstance(hparams.get("model_name"), str):
+        raise LeanAgentError(f"checkpoint: {checkpoint_path}: hyper_parameters has no model_name (not a retriever's checkpoint)")
     tensors, seen = {}, set()
     for key, tensor in checkpoint["state_dict"].items():  # tied tensors (T5's shared embedding) once, first name
         storage = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
         if key.startswith("encoder.") and storage not in seen:
             seen.add(storage)
             tensors[key] = tensor
+    if not tensors:
+        raise LeanAgentError(f"checkpoint: {checkpoint_path}: its state_dict holds no encoder.* tensors")
     weights = out_dir / f"{name}.safetensors"
+    out_dir.mkdir(parents=True, exist_ok=True)
     save_encoder(weights, tensors, hparams["model_name"])
     monitor = {k: float(v["best_model_score"]) for k, v in (checkpoint.get("callbacks") or {}).items()
                if isinstance(v, dict) and v.get("best_model_score") is not None}
@@ -85,8 +97,13 @@ def main() -> None:
     parser.add_argument("--out-dir", type=Path, default=SHIPPED_DIR)
     parser.add_argument("--commit", default=None, help="the commit the fit ran (default: HEAD now)")
     args = parser.parse_args()
-    path = export(args.checkpoint, args.name, args.command, args.out_dir, args.note, args.commit)
-    print(f"wrote {path} and {path.with_suffix('.json')}")
+    replaced = (args.out_dir / f"{args.name}.safetensors").exists()
+    try:
+        path = export(args.checkpoint, args.name, args.command, args.out_dir, args.note, args.commit)
+    except LeanAgentError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"{'replaced' if replaced else 'wrote'} {path} and {path.with_suffix('.json')}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""`python -m leanagent.pretrained.export`: a fit's checkpoint becomes weights a config can start from; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from leanagent.models.retriever import PremiseRetriever
+from leanagent.pretrained import export
+
+
+def run_export(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["export", *args])
+    export.main()
+
+
+def test_an_exported_checkpoint_is_what_init_from_loads(monkeypatch, tmp_path, retriever_checkpoint, capsys):
+    run_export(monkeypatch, str(retriever_checkpoint), "--name", "mine", "--command", "python main.py fit", "--out-dir", str(tmp_path / "out"))
+    assert "wrote" in capsys.readouterr().out
+    record = json.loads((tmp_path / "out" / "mine.json").read_text())
+    assert record["model_name"] == "byt5-tiny" and record["command"] == "python main.py fit"
+    state = torch.load(retriever_checkpoint, weights_only=True)["state_dict"]
+    model = PremiseRetriever(model_name="byt5-tiny", init_from=str(tmp_path / "out" / "mine.safetensors"))
+    for name, tensor in model.encoder_parameters():
+        assert torch.equal(tensor.detach(), state[name]), name
+    assert record["parameters"] == sum(t.numel() for _, t in model.encoder_parameters())
+
+
+@pytest.mark.parametrize("case", ["text-file", "no-hyper-parameters", "name-with-folder", "out-dir-is-a-file"])
+def test_bad_exports_are_one_error_line_and_write_nothing(monkeypatch, tmp_path, retriever_checkpoint, capsys, case):
+    checkpoint, name, out = retriever_checkpoint, "mine", tmp_path / "out"
+    if case == "text-file":
+        checkpoint = tmp_path / "notes.ckpt"
+        checkpoint.write_text("not a checkpoint")
+    elif case == "no-hyper-parameters":
+        checkpoint = tmp_path / "bare.ckpt"
+        torch.save({"state_dict": torch.load(retriever_checkpoint, weights_only=True)["state_dict"], "hyper_parameters": "x"}, checkpoint)
+    elif case == "name-with-folder":
+        name = "a/b"
+    else:
+        out.write_text("a file")
+    with pytest.raises(SystemExit) as exit_info:
+        run_export(monkeypatch, str(checkpoint), "--name", name, "--command", "x", "--out-dir", str(out))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert not out.is_dir() or not any(out.iterdir())
+
+
+def test_a_benchmark_given_a_damaged_checkpoint_says_so_in_one_line(tmp_path):
+    """Benchmarks take user files too (`python -m benchmarks.retrieval_table CKPT DATASET`)."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    bad = tmp_path / "notes.ckpt"
+    bad.write_text("not a checkpoint")
+    done = subprocess.run([sys.executable, "-m", "benchmarks.retrieval_table", str(bad)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [f"error: retriever checkpoint: {bad} is not a loadable weights-only checkpoint "
+                                                "(UnpicklingError: not a torch checkpoint, or it holds objects other than tensors and plain data)"]
