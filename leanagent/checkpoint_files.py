@@ -50,7 +50,25 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
         ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise LeanAgentError(f"{what}: {p} is not a Lightning checkpoint (no state_dict)")
+    for key, kind in (("state_dict", dict), ("hyper_parameters", dict), ("epoch", int), ("global_step", int)):
+        value = checkpoint.get(key)
+        if key in checkpoint and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise LeanAgentError(f"{what}: {p}: '{key}' is a {type(value).__name__}, not a {kind.__name__}")
     return checkpoint
+
+
+def check_resumable(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:
+    """A fit resumes the optimizer and the loops' progress: a checkpoint without them (a weights-only export,
+    or one written by another tool) would restart the schedule or fail inside Lightning."""
+    states = checkpoint.get("optimizer_states")
+    if not isinstance(states, list) or not states:
+        raise LeanAgentError(
+            f"--ckpt_path: {path} holds no optimizer state (a weights-only checkpoint), so a fit cannot "
+            "resume from it; give a checkpoint that a fit wrote (such as last.ckpt)"
+        )
+    if not isinstance(checkpoint.get("loops"), dict):
+        raise LeanAgentError(f"--ckpt_path: {path} holds no training loop state, so a fit cannot resume from it; "
+                             "give a checkpoint that a fit wrote (such as last.ckpt)")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
 from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
-from leanagent.checkpoint_files import load_checkpoint
+from leanagent.checkpoint_files import check_resumable, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.distributed import (
     ONE_YEAR,
@@ -137,11 +137,8 @@ class LeanAgentCLI(LightningCLI):
         if not ckpt_path:
             return
         self._checkpoint = load_checkpoint(ckpt_path)
-        if subcommand == "fit" and "optimizer_states" not in self._checkpoint:
-            raise LeanAgentError(
-                f"--ckpt_path: {ckpt_path} holds no optimizer state (a weights-only checkpoint), so a fit cannot "
-                "resume from it; give a checkpoint that a fit wrote (such as last.ckpt)"
-            )
+        if subcommand == "fit":
+            check_resumable(self._checkpoint, ckpt_path)
         adopted = adopt_checkpoint_hparams(config, self._checkpoint, self.explicit_model_keys(subcommand))
         if adopted:
             log.info("from checkpoint %s: %s", ckpt_path, ", ".join(f"{k}={v!r}" for k, v in adopted.items()))

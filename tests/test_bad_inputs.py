@@ -172,3 +172,24 @@ def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy
                        "--model.init_args.model_name=byt5-tiny", "--model.init_args.init_from=null",
                        f"--ckpt_path={retriever_checkpoint}"], "PremisePredictionWriter) output_path")
     assert not (in_tmp / "lightning_logs").exists()
+
+
+@pytest.mark.parametrize(
+    "change, command, fragment",
+    [
+        ({"hyper_parameters": "oops"}, "validate", "'hyper_parameters' is a str, not a dict"),
+        ({"epoch": "abc"}, "validate", "'epoch' is a str, not a int"),
+        ({"optimizer_states": []}, "fit", "holds no optimizer state"),
+        ({"optimizer_states": [{"state": {}, "param_groups": []}]}, "fit", "holds no training loop state"),
+    ],
+    ids=["hparams-str", "epoch-str", "no-optimizer-state", "no-loops"],
+)
+def test_checkpoints_with_damaged_structure_are_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint, change, command, fragment):
+    """Tracebacks before: a dict() of a string, an int() of 'abc', a resume that restored no optimizer, EarlyStopping's
+    'metric not available' for a checkpoint without loops."""
+    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
+    checkpoint.update(change)
+    torch.save(checkpoint, in_tmp / "odd.ckpt")
+    one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.model_name=byt5-tiny",
+                       "--model.init_args.init_from=null", "--ckpt_path=odd.ckpt"], "odd.ckpt", fragment)
+    assert not (in_tmp / "checkpoints").exists()
