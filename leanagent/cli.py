@@ -34,6 +34,8 @@ from leanagent.cli_config import (
     check_seed,
     check_trainer_values,
     model_init_args,
+    note_log_dir,
+    remove_unused_run_folders,
     resolve_special_ckpt_path,
     use_final_last_checkpoint,
 )
@@ -182,9 +184,12 @@ class LeanAgentCLI(LightningCLI):
         if run is not None:
             kwargs.setdefault("precision", run)
         try:
-            return super().instantiate_trainer(**kwargs)
+            trainer = super().instantiate_trainer(**kwargs)
         except (ValueError, MisconfigurationException) as e:  # Lightning's checks of the trainer's settings
             raise LeanAgentError(f"trainer: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
+            note_log_dir(getattr(trainer.logger, "log_dir", None))  # CSV and TensorBoard loggers' version_N
+        return trainer
 
     def before_fit(self) -> None:
         """`test_after_fit` reads the test split first, so that a bad test.json fails now, not after the fit."""
@@ -318,6 +323,10 @@ def main(args: list[str] | None = None) -> None:
             raise
         rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))  # RANK: global, set by torchrun
         prefix = "error" if rank == "0" else f"error (rank {rank})"
+        if rank == "0":
+            from leanagent.faults.state import state
+
+            remove_unused_run_folders(state.folder)
         print(f"{prefix}: {found}", file=sys.stderr)
         sys.exit(getattr(found, "exit_code", 2))
 

@@ -133,3 +133,35 @@ def _file_output(what: str, path: str | Path) -> tuple[str, str]:
     if Path(path).is_dir():
         raise LeanAgentError(f"{what}: {path} is a folder; give a file path")
     return what, str(Path(path).parent)
+
+
+# Log folders this process's trainer would create (a new version_N), for `remove_unused_run_folders`.
+_NEW_LOG_DIRS: list[Path] = []
+_SETUP_FILES = {"config.yaml", "hparams.yaml"}  # what Lightning writes before any step or metric
+
+
+def note_log_dir(log_dir: str | None) -> None:
+    """Remember the trainer's log folder if it does not exist yet: a user error found later removes it again."""
+    if log_dir and not Path(log_dir).exists():
+        _NEW_LOG_DIRS.append(Path(log_dir))
+
+
+def remove_unused_run_folders(heartbeat_folder: Path | None) -> None:
+    """After a user error, the run folders this command created that hold only what setup wrote (the config,
+    the hyperparameters, its heartbeats): bad input writes nothing. A folder with metrics or anything else stays."""
+    import shutil
+
+    removed = False
+    while _NEW_LOG_DIRS:
+        folder = _NEW_LOG_DIRS.pop()
+        if folder.is_dir() and {p.name for p in folder.iterdir()} <= _SETUP_FILES:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed = True
+    if removed and heartbeat_folder is not None and heartbeat_folder.is_dir():
+        if all(p.name.startswith("rank") and p.suffix == ".json" for p in heartbeat_folder.iterdir()):
+            shutil.rmtree(heartbeat_folder, ignore_errors=True)
+            for parent in (heartbeat_folder.parent, heartbeat_folder.parent.parent):  # heartbeats/, then the logger's folder
+                try:
+                    parent.rmdir()  # only when empty
+                except OSError:
+                    break

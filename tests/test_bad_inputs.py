@@ -193,3 +193,16 @@ def test_checkpoints_with_damaged_structure_are_refused(capsys, in_tmp, toy_data
     one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.model_name=byt5-tiny",
                        "--model.init_args.init_from=null", "--ckpt_path=odd.ckpt"], "odd.ckpt", fragment)
     assert not (in_tmp / "checkpoints").exists()
+
+
+def test_an_error_found_after_the_trainer_started_leaves_no_run_folder(capsys, in_tmp, toy_dataset, retriever_checkpoint):
+    """The config.yaml and heartbeats a failed setup wrote go again; an earlier run's folder stays."""
+    (in_tmp / "lightning_logs" / "retrieval" / "version_0").mkdir(parents=True)
+    (in_tmp / "lightning_logs" / "retrieval" / "version_0" / "metrics.csv").write_text("epoch\n0\n")
+    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
+    checkpoint["state_dict"]["extra.weight"] = torch.zeros(1)  # found when the weights are restored, in the trainer
+    torch.save(checkpoint, in_tmp / "odd.ckpt")
+    one_error(capsys, ["validate", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.model_name=byt5-tiny",
+                       "--model.init_args.init_from=null", "--ckpt_path=odd.ckpt"], "unexpected")
+    left = sorted(str(p.relative_to(in_tmp)) for p in (in_tmp / "lightning_logs").rglob("*"))
+    assert left == ["lightning_logs/retrieval", "lightning_logs/retrieval/version_0", "lightning_logs/retrieval/version_0/metrics.csv"]
