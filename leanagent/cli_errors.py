@@ -48,14 +48,31 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
             except (OSError, UnicodeDecodeError) as e:
                 return f"{path}: cannot read the config ({e})"
     keys = re.findall(r'Parser key "([^"]+)"', message)
-    reasons = [r.strip() for r in re.findall(r"^\s*- (.+)$", message, re.M) if "NoneType" not in r and "Problem with" not in r]
     values = re.findall(r"Given value: (.+)$", message, re.M)
-    source = f"{', '.join(configs)}: " if configs else ""
+    # A value from the command line (`--model.init_args.lr=nan` reaches jsonargparse as NestedArg(key='lr', ...)):
+    # the error is that argument's, not the config files'.
+    nested = re.search(r"NestedArg\(key='([^']+)'", message)
+    dotted = ".".join(k for k in keys if "." not in k) if len(keys) > 1 else ".".join(keys)
+    flag = next((a for a in argv if a.startswith("--") and (
+        (nested and a.split("=", 1)[0].endswith("." + nested.group(1))) or a.split("=", 1)[0] == f"--{dotted}")), None)
+    source = f"{flag}: " if flag else f"{', '.join(configs)}: " if configs else ""
     if keys:
-        reason = reasons[-1] if reasons else "invalid value"
-        value = f" (got {values[0].strip()})" if values else ""
-        return f"{source}{'.'.join(keys)}: {reason}{value}"
+        reason = _innermost_reason(message) or "invalid value"
+        value = f" (got {values[0].strip()})" if values and not flag and "Got value" not in reason else ""
+        key = f"{keys[0]}.{nested.group(1)}" if nested and len(keys) == 1 else ".".join(keys)
+        return f"{source}{key}: {reason}{value}"
     return source + " ".join(line.strip() for line in message.splitlines() if line.strip())[:400]
+
+
+_STRUCTURE = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value", "- Problem with given class_path",
+              "- Expected a <class 'NoneType'>", "Problem with")
+
+
+def _innermost_reason(message: str) -> str | None:
+    """The deepest line that says what is wrong ("Option 'x' is not accepted", "Expected a float. Got value: nan")."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    reasons = [line.lstrip("- ") for line in lines if not any(line.startswith(s) for s in _STRUCTURE) and "NoneType" not in line]
+    return reasons[-1] if reasons else None
 
 
 def user_error(error: BaseException | None) -> LeanAgentError | None:

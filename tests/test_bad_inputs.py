@@ -206,3 +206,15 @@ def test_an_error_found_after_the_trainer_started_leaves_no_run_folder(capsys, i
                        "--model.init_args.init_from=null", "--ckpt_path=odd.ckpt"], "unexpected")
     left = sorted(str(p.relative_to(in_tmp)) for p in (in_tmp / "lightning_logs").rglob("*"))
     assert left == ["lightning_logs/retrieval", "lightning_logs/retrieval/version_0", "lightning_logs/retrieval/version_0/metrics.csv"]
+
+
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ("--model.init_args.temperature=0.5", "--model.init_args.temperature=0.5: model.temperature: Option 'temperature' is not accepted"),
+        ("--data.premise_text=foo", "--data.premise_text=foo: data.premise_text: Expected a typing.Literal['serialized', 'code']. Got value: foo"),
+    ],
+)
+def test_a_bad_command_line_value_is_blamed_on_the_argument_not_the_config(capsys, in_tmp, setting, expected):
+    """It said `configs/retrieval.yaml: model: invalid value (got NestedArg(...))`, a file that has no such key."""
+    assert one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, setting]) == f"error: {expected}"
