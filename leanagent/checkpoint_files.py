@@ -50,6 +50,9 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
         ) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise LeanAgentError(f"{what}: {p} is not a Lightning checkpoint (no state_dict)")
+    for name, tensor in checkpoint["state_dict"].items() if isinstance(checkpoint["state_dict"], dict) else ():
+        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise LeanAgentError(f"{what}: {p}: '{name}' holds NaN or infinite values (a diverged or damaged checkpoint)")
     for key, kind in (("state_dict", dict), ("hyper_parameters", dict), ("epoch", int), ("global_step", int)):
         value = checkpoint.get(key)
         if key in checkpoint and (not isinstance(value, kind) or isinstance(value, bool)):

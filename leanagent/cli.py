@@ -161,7 +161,7 @@ class LeanAgentCLI(LightningCLI):
         if message:
             log.info("rank %s: %s", os.environ.get("LOCAL_RANK", "0"), message)
         use_final_last_checkpoint(config)
-        check_trainer_values(config)
+        check_trainer_values(config, self.subcommand)
         if self.subcommand in ("fit", "predict"):
             check_outputs_writable(config)
         if self.subcommand == "fit":

@@ -50,12 +50,16 @@ def check_device_count(devices: Any) -> None:
         raise LeanAgentError(f"trainer.devices must be a positive number of devices, -1 or 'auto', got {devices!r}")
 
 
-def check_trainer_values(config: Namespace) -> None:
-    """Values Lightning refuses with a traceback (or, for accumulate_grad_batches 0, a ZeroDivisionError mid-fit)."""
+def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
+    """Values Lightning refuses with a traceback (or, for accumulate_grad_batches 0, a ZeroDivisionError mid-fit),
+    and a fit that would train nothing yet write checkpoints as if it had."""
     for key in ("accumulate_grad_batches", "num_nodes"):
         value = config.trainer.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise LeanAgentError(f"trainer.{key} must be a positive integer, got {value!r}")
+    if subcommand == "fit" and config.trainer.get("limit_train_batches") in (0, 0.0):
+        raise LeanAgentError("trainer.limit_train_batches is 0: this fit would train nothing (leave it unset, or give a "
+                             "positive number of batches or fraction of them)")
 
 
 def check_seed(config: Namespace) -> None:

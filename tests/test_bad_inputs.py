@@ -61,6 +61,7 @@ def test_config_errors_name_the_file_and_key_in_one_line(capsys, in_tmp, content
         ("--model.init_args.ewc_lambda=0.5", "fisher_path is not set"),
         ("--trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches must be a positive integer"),
         ("--trainer.num_nodes=0", "trainer.num_nodes must be a positive integer"),
+        ("--trainer.limit_train_batches=0", "this fit would train nothing"),
         ("--seed_everything=-1", "seed_everything must be"),
         ("--trainer.accelerator=nonsense", "trainer: You selected an invalid accelerator name"),
     ],
@@ -180,14 +181,17 @@ def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy
         ({"hyper_parameters": "oops"}, "validate", "'hyper_parameters' is a str, not a dict"),
         ({"epoch": "abc"}, "validate", "'epoch' is a str, not a int"),
         ({"optimizer_states": []}, "fit", "holds no optimizer state"),
+        ({"state_dict": "nan"}, "validate", "holds NaN or infinite values"),
         ({"optimizer_states": [{"state": {}, "param_groups": []}]}, "fit", "holds no training loop state"),
     ],
-    ids=["hparams-str", "epoch-str", "no-optimizer-state", "no-loops"],
+    ids=["hparams-str", "epoch-str", "no-optimizer-state", "nan-weights", "no-loops"],
 )
 def test_checkpoints_with_damaged_structure_are_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint, change, command, fragment):
     """Tracebacks before: a dict() of a string, an int() of 'abc', a resume that restored no optimizer, EarlyStopping's
     'metric not available' for a checkpoint without loops."""
     checkpoint = torch.load(retriever_checkpoint, weights_only=True)
+    if change.get("state_dict") == "nan":
+        change = {"state_dict": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in checkpoint["state_dict"].items()}}
     checkpoint.update(change)
     torch.save(checkpoint, in_tmp / "odd.ckpt")
     one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.model_name=byt5-tiny",
