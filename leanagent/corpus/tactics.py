@@ -47,11 +47,17 @@ class TacticStates:
         return self._positives_array
 
 
-def load_tactic_states(split_file: str | os.PathLike, corpus: Corpus) -> TacticStates:
-    """Read every traced tactic of a split; annotations pointing outside the corpus are counted, not fatal."""
+def read_theorems(split_file: str | os.PathLike) -> list:
+    """A split file (train.json, ...): LeanDojo's JSON list of theorems, whose fields each reader checks."""
     theorems = read_json(split_file)
     if not isinstance(theorems, list):
         raise LeanAgentError(f"{split_file}: expected a JSON list of theorems")
+    return theorems
+
+
+def load_tactic_states(split_file: str | os.PathLike, corpus: Corpus) -> TacticStates:
+    """Read every traced tactic of a split; annotations pointing outside the corpus are counted, not fatal."""
+    theorems = read_theorems(split_file)
     out = TacticStates()
     for t, theorem in enumerate(theorems):
         where = f"{split_file}: theorem [{t}]"

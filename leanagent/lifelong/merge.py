@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from leanagent.corpus.import_order import ImportCycle, imports_first
+from leanagent.corpus.tactics import read_theorems
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_open, iter_jsonl, read_json, write_json
+from leanagent.io import atomic_open, iter_jsonl, write_json
 
 DEFAULT_SPLITS = ("random", "novel_premises")
 SPLIT_FILES = ("train", "val", "test")
@@ -159,9 +160,7 @@ def _merge_split(sources: list[Path], split: str) -> tuple[dict[str, list[dict]]
     for src in sources:
         for part in SPLIT_FILES:
             path = src / split / f"{part}.json"
-            theorems = read_json(path)
-            if not isinstance(theorems, list):
-                raise LeanAgentError(f"{path}: expected a JSON list of theorems")
+            theorems = read_theorems(path)
             for k, thm in enumerate(theorems):
                 if not isinstance(thm, dict) or not all(
                     isinstance(thm.get(key), str) for key in ("file_path", "full_name")

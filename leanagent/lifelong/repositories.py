@@ -15,8 +15,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from leanagent.corpus.tactics import read_theorems
 from leanagent.errors import LeanAgentError
-from leanagent.io import read_json, write_json
+from leanagent.io import write_json
 
 SPLIT_FILES = ("train", "val", "test")
 
@@ -42,9 +43,7 @@ def _folder(path: str, depth: int) -> str:
 
 def _read_located(path: Path) -> list[dict]:
     """A split file whose theorems each name their file: the bundled dataset is split by it."""
-    theorems = read_json(path)
-    if not isinstance(theorems, list):
-        raise LeanAgentError(f"{path}: expected a JSON list of theorems")
+    theorems = read_theorems(path)
     for k, thm in enumerate(theorems):
         if not isinstance(thm, dict) or not isinstance(thm.get("file_path"), str):
             raise LeanAgentError(f"{path}: theorem #{k}: expected an object with a string 'file_path'")
@@ -106,9 +105,7 @@ def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
     out = {}
     for part in SPLIT_FILES:
         path = root / split / f"{part}.json"
-        theorems = read_json(path)
-        if not isinstance(theorems, list):
-            raise LeanAgentError(f"{path}: expected a JSON list of theorems")
+        theorems = read_theorems(path)
         for k, thm in enumerate(theorems):
             tactics = thm.get("traced_tactics") if isinstance(thm, dict) else None
             if not isinstance(tactics, list) or not all(isinstance(t, dict) for t in tactics):
