@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -65,17 +66,62 @@ def read_bytes(path: str | os.PathLike, what: str) -> bytes:
         raise unreadable(p, e) from None
 
 
+# A \uD800-\uDFFF escape that is not half of a pair (and not an escaped backslash followed by "u"): json
+# accepts it, but the string cannot be encoded as UTF-8, which every tokenizer and writer does later.
+_LONE_SURROGATE = re.compile(
+    r"(?<!\\)(?:\\\\)*(?P<at>\\u[dD][89abAB][0-9a-fA-F]{2})(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    r"|(?<!\\)(?:\\\\)*(?<!\\u[dD][89abAB][0-9a-fA-F]{2})(?P<low>\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(text: str, value: Any) -> int | None:
+    """Offset in `text` (which parsed to `value`) of the first escape that decodes to a lone surrogate, or
+    None. Pairs are common (Mathlib's script letters), so a surrogate escape is only a hint; encoding the
+    parsed value decides, and the pattern then finds where."""
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return None
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return None
+    except UnicodeEncodeError:
+        found = _LONE_SURROGATE.search(text)
+    if found is None:
+        return 0
+    return found.start("at") if found.group("at") else found.start("low")
+
+
+def _parse_failure(e: Exception) -> str | None:
+    """json's failures on valid-looking text that are not JSONDecodeError: too deep, or an integer too long."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, ValueError) and "integer string conversion" in str(e):
+        return "an integer with more than 4300 digits"
+    return None
+
+
 def read_json(path: str | os.PathLike) -> Any:
     p = require_file(path, "JSON file")
     try:
         with p.open(encoding="utf-8") as f:
-            return json.load(f)
+            text = f.read()
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise LeanAgentError(f"{p}:{e.lineno}: malformed JSON ({e.msg})") from None
     except UnicodeDecodeError as e:
         raise LeanAgentError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise unreadable(p, e) from None
+    except (RecursionError, ValueError) as e:
+        if (reason := _parse_failure(e)) is None:
+            raise
+        raise LeanAgentError(f"{p}: malformed JSON ({reason})") from None
+    if (at := _lone_surrogate(text, value)) is not None:
+        line = text.count("\n", 0, at) + 1
+        raise LeanAgentError(f"{p}:{line}: a string holds a lone UTF-16 surrogate ({text[at:at + 6]}), not text")
+    return value
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
@@ -94,9 +140,18 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise LeanAgentError(f"{p}:{lineno}: malformed JSON line ({e.msg})") from None
+            except (RecursionError, ValueError) as e:
+                if (reason := _parse_failure(e)) is None:
+                    raise
+                raise LeanAgentError(f"{p}:{lineno}: malformed JSON line ({reason})") from None
+            if (at := _lone_surrogate(line, record)) is not None:
+                raise LeanAgentError(
+                    f"{p}:{lineno}: a string holds a lone UTF-16 surrogate ({line[at:at + 6]}), not text"
+                )
+            yield lineno, record
 
 
 @contextmanager
