@@ -41,7 +41,7 @@ from leanagent.cli_config import (
 )
 from leanagent.cli_errors import check_replaced_configs, summarize_parse_error, user_error
 from leanagent.compat import add_subcommand
-from leanagent.errors import LeanAgentError
+from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.interrupts import Interrupted, stop_on_signals
 from leanagent.precision import CpuBf16, describe_fallback, run_precision
 from leanagent.retrieval.metrics import format_rankings
@@ -327,7 +327,7 @@ def main(args: list[str] | None = None) -> None:
             from leanagent.faults.state import state
 
             remove_unused_run_folders(state.folder)
-        print(f"{prefix}: {found}", file=sys.stderr)
+        print(f"{found}" if isinstance(found, ReportedError) else f"{prefix}: {found}", file=sys.stderr)
         sys.exit(getattr(found, "exit_code", 2))
 
 

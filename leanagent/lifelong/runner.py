@@ -24,7 +24,7 @@ import torch
 
 from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
-from leanagent.errors import LeanAgentError
+from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.ewc.penalty import combine_fisher
 from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
 from leanagent.io import atomic_write, ensure_writable, read_json, write_json
@@ -139,6 +139,14 @@ def _check_parses(commands: dict[str, list[str]], cwd: Path) -> dict[str, str]:
     return {what: stdout for what, (stdout, _, _) in results.items()}
 
 
+class StageRefused(ReportedError):
+    """A stage's command exited with 2: it refused its input and printed why."""
+
+    def __init__(self, what: str, logs: Path) -> None:
+        super().__init__(f"{what} stopped on the error above (its logs are in {logs})")
+        self.what = what
+
+
 def _run(command: list[str], cwd: Path, what: str) -> None:
     """Run a stage's command; SIGTERM and SIGINT sent to this process are passed on to it, not left behind."""
     cwd.mkdir(parents=True, exist_ok=True)
@@ -162,6 +170,8 @@ def _run(command: list[str], cwd: Path, what: str) -> None:
             signal.signal(s, handler)
     if received:
         raise Interrupted(received[0], f"{what} stopped by {signal.Signals(received[0]).name} (exit code {returncode}); {RESUME}")
+    if returncode == 2:  # a user error: the stage printed its one `error:` line
+        raise StageRefused(what, cwd)
     if returncode != 0:
         raise LeanAgentError(f"{what} failed with exit code {returncode} (logs in {cwd})")
 
@@ -194,10 +204,22 @@ class LifelongRun:
 
     def _run_all(self) -> dict:
         s = self.settings
+        fresh = not self.out.exists()
         ensure_writable(self.out, "output_dir")
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
         order = repository_order(s, repos, check_splits(repos, s.split))  # before output_dir is made
         self.out.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._run_stages(order, repos)
+        except StageRefused as e:
+            # The first stage of a new run refused a setting (bad input, nothing trained): leave no output_dir.
+            if fresh and not (self.state_path.is_file() and read_json(self.state_path).get("stages")):
+                shutil.rmtree(self.out, ignore_errors=True)
+                raise ReportedError(f"{e.what} stopped on the error above; {self.out} was removed") from None
+            raise
+
+    def _run_stages(self, order: list[str], repos: dict[str, Path]) -> dict:
+        s = self.settings
         state = self._load_state(order)
         if state["stages"]:
             recorded_start_unchanged(state.get("start_weights"), self.out)

@@ -30,3 +30,16 @@ def test_stage_args_a_stage_command_rejects_fail_before_any_stage_runs(tmp_path,
     assert len(errors) == 1 and f"the {refused_by} command does not take them" in errors[0], result.stderr[-3000:]
     assert stage_args[0].split("=")[0].split(".")[-1] in errors[0]
     assert not (out / "stages").exists()  # nothing trained
+
+
+def test_a_value_the_first_stage_refuses_is_its_one_error_and_a_new_run_leaves_nothing(tmp_path):
+    """The stage's own `error:` line is the only one (the runner adds where it stopped, not a second error),
+    the exit code is the stage's 2, and the output_dir a new run made is gone."""
+    repos = tiny_repositories(tmp_path / "repos")
+    out = tmp_path / "out"
+    result = lifelong(repos, out, ["--data.batch_size=0"], ewc=False)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: data.batch_size must be positive, got 0"], result.stderr[-3000:]
+    assert "stage 0 fit" in result.stderr and "stopped on the error above" in result.stderr
+    assert not out.exists()
