@@ -74,6 +74,32 @@ def check_resumable(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
                              "give a checkpoint that a fit wrote (such as last.ckpt)")
 
 
+def check_optimizer_state(checkpoint: dict[str, Any], shapes: list[torch.Size], path: str | os.PathLike | None) -> None:
+    """A resumed AdamW state must be one for these parameters (in `parameters()` order): a damaged or foreign
+    one fails inside Lightning's restore or, with moment tensors of other shapes, at the first step."""
+    where = f"--ckpt_path: {path}" if path else "--ckpt_path"
+    state = checkpoint["optimizer_states"][0]
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not isinstance(groups, list) or len(groups) != 1 or not isinstance(groups[0], dict):
+        raise LeanAgentError(f"{where}: its optimizer state is not one parameter group (damaged, or written by "
+                             "another optimizer setup)")
+    params = groups[0].get("params")
+    if not isinstance(params, list) or len(params) != len(shapes):
+        count = len(params) if isinstance(params, list) else "no"
+        raise LeanAgentError(f"{where}: its optimizer state covers {count} parameters, this model has "
+                             f"{len(shapes)} (damaged, or a checkpoint of another model)")
+    moments = state.get("state")
+    for index, entry in (moments.items() if isinstance(moments, dict) else [(None, moments)]):
+        if not isinstance(index, int) or not 0 <= index < len(shapes) or not isinstance(entry, dict):
+            raise LeanAgentError(f"{where}: its optimizer state is damaged (an entry for no parameter)")
+        for key in ("exp_avg", "exp_avg_sq"):
+            value = entry.get(key)
+            if not isinstance(value, torch.Tensor) or value.shape != shapes[index]:
+                found = tuple(value.shape) if isinstance(value, torch.Tensor) else "missing"
+                raise LeanAgentError(f"{where}: its optimizer state is damaged: {key} of parameter {index} is "
+                                     f"{found}, the parameter {tuple(shapes[index])}")
+
+
 @dataclass(frozen=True)
 class FitState:
     """The fit a checkpoint belongs to: its first epoch and optimizer step, its epoch budget, whether it ended."""

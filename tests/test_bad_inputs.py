@@ -199,6 +199,43 @@ def test_checkpoints_with_damaged_structure_are_refused(capsys, in_tmp, toy_data
     assert not (in_tmp / "checkpoints").exists()
 
 
+def _fewer_parameters(optimizer: dict) -> None:
+    optimizer["param_groups"][0]["params"].pop()
+
+
+def _moment_of_another_shape(optimizer: dict) -> None:
+    optimizer["state"][next(iter(optimizer["state"]))]["exp_avg"] = torch.zeros(3)
+
+
+def _two_groups(optimizer: dict) -> None:
+    optimizer["param_groups"].append(dict(optimizer["param_groups"][0]))
+
+
+@pytest.mark.parametrize(
+    "damage, fragment",
+    [(_fewer_parameters, "optimizer state covers"), (_moment_of_another_shape, "exp_avg of parameter"),
+     (_two_groups, "not one parameter group")],
+    ids=["fewer-parameters", "moment-shape", "two-groups"],
+)
+def test_a_resume_refuses_an_optimizer_state_for_other_parameters(capsys, in_tmp, toy_dataset, retriever_checkpoint, damage, fragment):
+    """Lightning's restore raised a ValueError traceback, or the first step a RuntimeError, after the run started."""
+    from leanagent.models.retriever import PremiseRetriever
+
+    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
+    model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=64)
+    model.load_state_dict(checkpoint["state_dict"])
+    optimizer = torch.optim.AdamW(model.parameters())
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()  # AdamW's moments for every parameter, as a fit's checkpoint holds them
+    checkpoint.update(optimizer_states=[optimizer.state_dict()], loops={})
+    damage(checkpoint["optimizer_states"][0])
+    torch.save(checkpoint, in_tmp / "odd.ckpt")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.model_name=byt5-tiny",
+                       "--model.init_args.init_from=null", "--ckpt_path=odd.ckpt"], "odd.ckpt", fragment)
+    assert not (in_tmp / "checkpoints").exists()
+
+
 def test_an_error_found_after_the_trainer_started_leaves_no_run_folder(capsys, in_tmp, toy_dataset, retriever_checkpoint):
     """The config.yaml and heartbeats a failed setup wrote go again; an earlier run's folder stays."""
     (in_tmp / "lightning_logs" / "retrieval" / "version_0").mkdir(parents=True)

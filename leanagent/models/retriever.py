@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.trainer.states import TrainerFn
 
-from leanagent.checkpoint_files import FIT_STATE_KEY, drop_per_fit_callback_state, next_fit_start
+from leanagent.checkpoint_files import FIT_STATE_KEY, check_optimizer_state, drop_per_fit_callback_state, next_fit_start
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import check_state_dict
 from leanagent.models.batch_seeds import batch_seed, run_seed, seed_global_rngs
@@ -338,6 +338,7 @@ class PremiseRetriever(pl.LightningModule):
         self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
         # Runs before Lightning restores the callbacks from the same dict: a new fit starts their per-fit state afresh.
         if self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
+            check_optimizer_state(checkpoint, [p.shape for p in self.parameters()], self.trainer.ckpt_path)
             cleared = drop_per_fit_callback_state(checkpoint)
             if cleared and self.trainer.is_global_zero:
                 log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
