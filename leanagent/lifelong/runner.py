@@ -204,7 +204,7 @@ class LifelongRun:
 
     def _run_all(self) -> dict:
         s = self.settings
-        fresh = not self.out.exists()
+        created = [q for q in (self.out, *self.out.parents) if not q.exists()]
         ensure_writable(self.out, "output_dir")
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
         order = repository_order(s, repos, check_splits(repos, s.split))  # before output_dir is made
@@ -213,8 +213,13 @@ class LifelongRun:
             return self._run_stages(order, repos)
         except StageRefused as e:
             # The first stage of a new run refused a setting (bad input, nothing trained): leave no output_dir.
-            if fresh and not (self.state_path.is_file() and read_json(self.state_path).get("stages")):
+            if created and not (self.state_path.is_file() and read_json(self.state_path).get("stages")):
                 shutil.rmtree(self.out, ignore_errors=True)
+                for folder in created[1:]:  # the parents it made, when nothing else went there
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
                 raise ReportedError(f"{e.what} stopped on the error above; {self.out} was removed") from None
             raise
 

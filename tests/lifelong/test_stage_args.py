@@ -36,10 +36,11 @@ def test_a_value_the_first_stage_refuses_is_its_one_error_and_a_new_run_leaves_n
     """The stage's own `error:` line is the only one (the runner adds where it stopped, not a second error),
     the exit code is the stage's 2, and the output_dir a new run made is gone."""
     repos = tiny_repositories(tmp_path / "repos")
-    out = tmp_path / "out"
-    result = lifelong(repos, out, ["--data.batch_size=0"], ewc=False)
+    out = tmp_path / "results" / "out"  # neither folder exists yet
+    result = subprocess.run(command(repos, out, ["--data.batch_size=0"], False), cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: data.batch_size must be positive, got 0"], result.stderr[-3000:]
     assert "stage 0 fit" in result.stderr and "stopped on the error above" in result.stderr
-    assert not out.exists()
+    assert not out.parent.exists()
