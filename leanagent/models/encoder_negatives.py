@@ -12,6 +12,8 @@ against it under the cache lock.
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,8 @@ import torch
 
 from leanagent.errors import LeanAgentError
 from leanagent.models.tokenizer import PAD_ID, load_tokenizer
+
+log = logging.getLogger(__name__)
 
 
 class EncoderRanker:
@@ -66,7 +70,13 @@ def mine_with_start_encoder(module: Any) -> None:
     was_training = module.training
     module.eval()
     try:
+        started = time.monotonic()
+        if module.global_rank == 0:  # on a large corpus this is minutes before the first step: say what runs
+            log.info("hard negatives: embedding the corpus with the encoder the fit starts from, then ranking the "
+                     "training states with it (the cost of one validation)")
         corpus = module.embed_corpus()  # every rank takes part
+        if module.global_rank == 0:
+            log.info("hard negatives: %d premises embedded in %.0f s", corpus.shape[0], time.monotonic() - started)
         max_seq_len = int(module.hparams.get("max_seq_len", 512))
         data.mine_hard_negatives_with(lambda: EncoderRanker(module, corpus, max_seq_len), weights_key(module))
     finally:
