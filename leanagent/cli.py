@@ -185,7 +185,7 @@ class LeanAgentCLI(LightningCLI):
             kwargs.setdefault("precision", run)
         try:
             trainer = super().instantiate_trainer(**kwargs)
-        except (ValueError, MisconfigurationException) as e:  # Lightning's checks of the trainer's settings
+        except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's checks of the trainer's settings
             raise LeanAgentError(f"trainer: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
         if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
             note_log_dir(getattr(trainer.logger, "log_dir", None))  # CSV and TensorBoard loggers' version_N

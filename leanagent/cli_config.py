@@ -57,6 +57,13 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
         value = config.trainer.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise LeanAgentError(f"trainer.{key} must be a positive integer, got {value!r}")
+    every = config.trainer.get("check_val_every_n_epoch")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise LeanAgentError(f"trainer.check_val_every_n_epoch must be a positive integer or null, got {every!r}")
+    interval = config.trainer.get("val_check_interval")
+    if interval is not None and not isinstance(interval, bool) and isinstance(interval, (int, float)) and interval <= 0:
+        raise LeanAgentError(f"trainer.val_check_interval must be a positive number of batches or fraction of an "
+                             f"epoch, got {interval!r}")
     if subcommand == "fit" and config.trainer.get("limit_train_batches") in (0, 0.0):
         raise LeanAgentError("trainer.limit_train_batches is 0: this fit would train nothing (leave it unset, or give a "
                              "positive number of batches or fraction of them)")

@@ -64,6 +64,9 @@ def test_config_errors_name_the_file_and_key_in_one_line(capsys, in_tmp, content
         ("--trainer.limit_train_batches=0", "this fit would train nothing"),
         ("--seed_everything=-1", "seed_everything must be"),
         ("--trainer.accelerator=nonsense", "trainer: You selected an invalid accelerator name"),
+        ("--trainer.val_check_interval=0", "trainer.val_check_interval must be a positive"),
+        ("--trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch must be a positive"),
+        ("--trainer.devices=[0]", "trainer: `devices` selected with `CPUAccelerator` should be an int"),  # a GPU list on a CPU
     ],
 )
 def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, setting, fragment):
