@@ -148,6 +148,7 @@ def _file_output(what: str, path: str | Path) -> tuple[str, str]:
 
 # Log folders this process's trainer would create (a new version_N), for `remove_unused_run_folders`.
 _NEW_LOG_DIRS: list[Path] = []
+_NEW_PARENTS: list[Path] = []
 _SETUP_FILES = {"config.yaml", "hparams.yaml"}  # what Lightning writes before any step or metric
 
 
@@ -155,6 +156,7 @@ def note_log_dir(log_dir: str | None) -> None:
     """Remember the trainer's log folder if it does not exist yet: a user error found later removes it again."""
     if log_dir and not Path(log_dir).exists():
         _NEW_LOG_DIRS.append(Path(log_dir))
+        _NEW_PARENTS.extend(q for q in Path(log_dir).absolute().parents if not q.exists())  # lightning_logs/ too
 
 
 def remove_unused_run_folders(heartbeat_folder: Path | None) -> None:
@@ -176,3 +178,9 @@ def remove_unused_run_folders(heartbeat_folder: Path | None) -> None:
                     parent.rmdir()  # only when empty
                 except OSError:
                     break
+    for parent in sorted(set(_NEW_PARENTS), key=lambda q: len(q.parts), reverse=True):  # deepest first
+        try:
+            parent.rmdir()  # only when empty: this command made it and nothing else went there
+        except OSError:
+            pass
+    _NEW_PARENTS.clear()

@@ -252,6 +252,18 @@ def test_an_error_found_after_the_trainer_started_leaves_no_run_folder(capsys, i
     assert left == ["lightning_logs/retrieval", "lightning_logs/retrieval/version_0", "lightning_logs/retrieval/version_0/metrics.csv"]
 
 
+def test_a_data_error_found_in_setup_leaves_no_lightning_logs(capsys, in_tmp, toy_dataset):
+    """The save_dir a failed first run made (lightning_logs/) goes with the run folder inside it."""
+    import json
+
+    split = toy_dataset / "random" / "train.json"
+    theorems = json.loads(split.read_text())
+    theorems[0]["traced_tactics"][0]["annotated_tactic"] = "simp"
+    split.write_text(json.dumps(theorems))
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset)], "annotated_tactic")
+    assert not (in_tmp / "lightning_logs").exists()
+
+
 @pytest.mark.parametrize(
     "setting, expected",
     [
