@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
-from leanagent.io import write_csv, write_json
+from leanagent.errors import LeanAgentError
+from leanagent.io import ensure_writable, write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
 from leanagent.lifelong.repositories import Repositories, resolve_repositories
 from leanagent.lifelong.runner import LifelongRun
@@ -83,6 +84,11 @@ def lifelong_settings(config: Namespace) -> LifelongSettings:
 def ablation_settings(config: Namespace) -> AblationSettings:
     values = _plain(config)
     setups = [s if isinstance(s, Setup) else Setup(**s) for s in values["setups"]]
+    if not setups:
+        raise LeanAgentError("setups: the ablation has no setup to run")
+    names = [setup.name for setup in setups]
+    if duplicated := sorted({name for name in names if names.count(name) > 1}):
+        raise LeanAgentError(f"setups: each needs its own name (its output folder); {', '.join(duplicated)} repeats")
     return AblationSettings(base=values["base"], output_dir=values["output_dir"], setups=setups)
 
 
@@ -130,6 +136,7 @@ def run_ablation(config: Namespace) -> list[dict]:
 
 def run_curriculum(config: Namespace) -> None:
     settings = lifelong_settings(config)
+    ensure_writable(settings.output_dir, "output_dir")  # a bundled dataset's repositories are written there
     repos = resolve_repositories(settings.repositories, Path(settings.output_dir))
     print(format_curriculum(compute_curriculum(repos, settings.split)))
 

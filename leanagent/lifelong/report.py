@@ -4,8 +4,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from leanagent.errors import LeanAgentError
 from leanagent.io import atomic_write, write_csv, write_json
 from leanagent.lifelong.lifelong_metrics import average_test_recall, lifelong_metrics
+
+
+_STAGE_FIELDS = {"index": int, "repository": str, "checkpoint": str, "test": dict, "val": dict}
+
+
+def check_state_shape(state: object, path: Path) -> None:
+    """A resumed run trusts its state.json: one that is not a run's state (damaged, edited, another tool's) is
+    refused here rather than failing in the report after the remaining stages have trained."""
+    def refuse(what: str) -> None:
+        raise LeanAgentError(f"{path}: {what}; not a lifelong run's state: delete it or choose another output_dir")
+
+    if not isinstance(state, dict):
+        refuse(f"a {type(state).__name__}, not an object")
+    stages, order = state.get("stages"), state.get("order")
+    if not isinstance(stages, list) or not isinstance(order, list):
+        refuse("'stages' and 'order' must be lists")
+    for position, stage in enumerate(stages):
+        if not isinstance(stage, dict):
+            refuse(f"stages[{position}] is a {type(stage).__name__}, not an object")
+        for key, kind in _STAGE_FIELDS.items():
+            if not isinstance(stage.get(key), kind) or isinstance(stage.get(key), bool):
+                refuse(f"stages[{position}].{key} is missing or not a {kind.__name__}")
+        if stage["index"] != position or position >= len(order) or stage["repository"] != order[position]:
+            refuse(f"stages[{position}] is not stage {position} of its order")
+        if not set(order[: position + 1]) <= set(stage["test"]):
+            refuse(f"stages[{position}].test lacks a repository seen by then")
 
 
 def evaluation_rows(state: dict) -> list[dict]:

@@ -31,7 +31,7 @@ from leanagent.io import atomic_write, ensure_writable, read_json, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.merge import merge_datasets
-from leanagent.lifelong.report import write_report
+from leanagent.lifelong.report import check_state_shape, write_report
 from leanagent.lifelong.repositories import check_splits, resolve_repositories
 from leanagent.lifelong.settings import LifelongSettings, check_settings, config_list, settings_fingerprint
 from leanagent.lifelong.start_weights import check_start_weights, recorded_start_unchanged, start_weights
@@ -188,6 +188,7 @@ class LifelongRun:
         fingerprint = settings_fingerprint(self.settings)
         if self.state_path.is_file():
             state = read_json(self.state_path)
+            check_state_shape(state, self.state_path)
             if state.get("fingerprint") != fingerprint or state.get("order") != order:
                 raise LeanAgentError(
                     f"{self.out} holds a lifelong run with other settings; choose another output_dir or delete it"
@@ -203,28 +204,39 @@ class LifelongRun:
             return self._run_all()
 
     def _run_all(self) -> dict:
-        s = self.settings
         created = [q for q in (self.out, *self.out.parents) if not q.exists()]
         ensure_writable(self.out, "output_dir")
-        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
-        order = repository_order(s, repos, check_splits(repos, s.split))  # before output_dir is made
-        self.out.mkdir(parents=True, exist_ok=True)
         try:
-            return self._run_stages(order, repos)
+            order, repos, state = self._prepare()
+        except LeanAgentError:  # refused before any stage ran (bundled splits may have been written): a new run leaves nothing
+            self._remove(created)
+            raise
+        try:
+            return self._run_stages(order, repos, state)
         except StageRefused as e:
             # The first stage of a new run refused a setting (bad input, nothing trained): leave no output_dir.
-            if created and not (self.state_path.is_file() and read_json(self.state_path).get("stages")):
-                shutil.rmtree(self.out, ignore_errors=True)
-                for folder in created[1:]:  # the parents it made, when nothing else went there
-                    try:
-                        folder.rmdir()
-                    except OSError:
-                        break
+            if created and not state["stages"]:
+                self._remove(created)
                 raise ReportedError(f"{e.what} stopped on the error above; {self.out} was removed") from None
             raise
 
-    def _run_stages(self, order: list[str], repos: dict[str, Path]) -> dict:
+    def _remove(self, created: list[Path]) -> None:
+        """The output_dir this run made, and the parents it made when nothing else went there."""
+        if not created:
+            return
+        shutil.rmtree(self.out, ignore_errors=True)
+        for folder in created[1:]:
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+    def _prepare(self) -> tuple[list[str], dict[str, Path], dict]:
+        """The repositories, their order and the run's state, checked before the first stage."""
         s = self.settings
+        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
+        order = repository_order(s, repos, check_splits(repos, s.split))  # before output_dir is made
+        self.out.mkdir(parents=True, exist_ok=True)
         state = self._load_state(order)
         if state["stages"]:
             recorded_start_unchanged(state.get("start_weights"), self.out)
@@ -232,6 +244,9 @@ class LifelongRun:
             start = start_weights(self._check_stage_commands(order, repos), self._stage_dir(0, order[0]) / "fit")
             check_start_weights(state.get("start_weights"), start, self.out)
             state["start_weights"] = start
+        return order, repos, state
+
+    def _run_stages(self, order: list[str], repos: dict[str, Path], state: dict) -> dict:
         write_json(self.state_path, state)
         for index in range(len(state["stages"]), len(order)):
             with stop_on_signals(f"stage {index} on {order[index]}", RESUME):
@@ -239,7 +254,7 @@ class LifelongRun:
             state["stages"].append(stage)
             write_json(self.state_path, state)
             log.info("stage %d/%d (%s) done", index + 1, len(order), order[index])
-        return write_report(self.out, state, s.metric_window)
+        return write_report(self.out, state, self.settings.metric_window)
 
     def _check_stage_commands(self, order: list[str], repos: dict[str, Path]) -> str:
         """stage_args go to every stage's fit and, with EWC, its Fisher command: both must take them.

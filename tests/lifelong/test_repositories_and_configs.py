@@ -203,3 +203,70 @@ def test_a_malformed_bundled_dataset_is_one_error(tmp_path, content):
     with pytest.raises(LeanAgentError, match=r"d/random/val.json: (expected a JSON list|theorem #0: expected an object with a string 'file_path')"):
         split_bundled(root, tmp_path / "out", min_theorems=1)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bundled_dataset_refused_before_stage_0_leaves_no_output_dir(tmp_path):
+    """Its repositories are written under output_dir before their splits are checked: a refused new run takes them back."""
+    from leanagent.lifelong.runner import LifelongRun
+    from leanagent.lifelong.settings import LifelongSettings
+
+    corpus = [{"path": p, "imports": [], "premises": []} for p in ("P/A/x.lean", "P/B/y.lean")]
+    traced = lambda path, name: theorem(path, name, 1, [tactic("s", [])])
+    root = write_dataset(tmp_path / "d", corpus, {"train": [traced("P/A/x.lean", "a"), traced("P/B/y.lean", "b")],
+                                                  "val": [traced("P/A/x.lean", "a2")], "test": [traced("P/A/x.lean", "a3")]})
+    out = tmp_path / "results" / "out"
+    spec = Repositories(bundled=str(root), min_theorems=1)
+    with pytest.raises(LeanAgentError, match="repository 'b' has no theorem with traced tactics in its val split"):
+        LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec)).run()
+    assert not (tmp_path / "results").exists()
+
+
+def _two_repositories(root: Path) -> Repositories:
+    corpus = [{"path": "A.lean", "imports": [], "premises": []}]
+    traced = [theorem("A.lean", "t", 1, [tactic("s", [])])]
+    for name in ("one", "two"):
+        write_dataset(root / name, corpus, {"train": traced, "val": traced, "test": traced})
+    return Repositories(data_root=str(root), names=["one", "two"], bundled=None)
+
+
+@pytest.mark.parametrize(
+    "state, fragment",
+    [([], "a list, not an object"), ({"order": ["one", "two"]}, "'stages' and 'order' must be lists"),
+     ({"order": ["one", "two"], "stages": [{"index": 0, "repository": "one", "checkpoint": "c", "val": {}}]}, "stages[0].test is missing"),
+     ({"order": ["one", "two"], "stages": [{"index": 1, "repository": "two", "checkpoint": "c", "test": {"two": {}}, "val": {}}]},
+      "stages[0] is not stage 0")],
+    ids=["list", "no-stages", "stage-without-test", "stage-out-of-order"],
+)
+def test_a_damaged_state_json_is_refused_and_kept(tmp_path, state, fragment):
+    """A resumed run read state.json's fields only in the report, after the remaining stages (an AttributeError,
+    a KeyError); the user's file is left as it was."""
+    from leanagent.lifelong.runner import LifelongRun
+    from leanagent.lifelong.settings import LifelongSettings
+
+    spec = _two_repositories(tmp_path / "data")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "state.json").write_text(json.dumps(state))
+    with pytest.raises(LeanAgentError, match=r"state\.json: .*" + fragment.replace("[", r"\[").replace("]", r"\]")):
+        LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec, order="given")).run()
+    assert json.loads((out / "state.json").read_text()) == state
+
+
+@pytest.mark.parametrize("setups, fragment", [("[]", "has no setup"),
+                                             ('[{"name": "x", "order": "given", "construction": "single_repo", "ewc": false},'
+                                              ' {"name": "x", "order": "curriculum", "construction": "single_repo", "ewc": false}]',
+                                              "x repeats")], ids=["none", "same-name"])
+def test_ablation_setups_are_checked_before_the_first_run(setups, fragment):
+    with pytest.raises(LeanAgentError, match=fragment):
+        parse_ablation([*config_args(["lifelong_ablation.yaml"]), f"--setups={setups}"])
+
+
+def test_curriculum_refuses_an_output_dir_it_cannot_write(tmp_path, capsys):
+    from leanagent.cli import main
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SystemExit) as stopped:
+        main(["curriculum", *config_args(["lifelong.yaml"]), f"--output_dir={tmp_path / 'afile' / 'x'}"])
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "output_dir" in errors[0] and "not writable" in errors[0], errors
