@@ -78,7 +78,10 @@ def check_optimizer_state(checkpoint: dict[str, Any], shapes: list[torch.Size], 
     """A resumed AdamW state must be one for these parameters (in `parameters()` order): a damaged or foreign
     one fails inside Lightning's restore or, with moment tensors of other shapes, at the first step."""
     where = f"--ckpt_path: {path}" if path else "--ckpt_path"
-    state = checkpoint["optimizer_states"][0]
+    states = checkpoint.get("optimizer_states")
+    if not isinstance(states, list) or not states:
+        return  # nothing to restore (check_resumable refuses this for a resumed fit)
+    state = states[0]
     groups = state.get("param_groups") if isinstance(state, dict) else None
     if not isinstance(groups, list) or len(groups) != 1 or not isinstance(groups[0], dict):
         raise LeanAgentError(f"{where}: its optimizer state is not one parameter group (damaged, or written by "

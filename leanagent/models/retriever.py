@@ -338,7 +338,7 @@ class PremiseRetriever(pl.LightningModule):
         self._fit_start_epoch, self._fit_start_step = next_fit_start(checkpoint)
         # Runs before Lightning restores the callbacks from the same dict: a new fit starts their per-fit state afresh.
         if self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
-            check_optimizer_state(checkpoint, [p.shape for p in self.parameters()], self.trainer.ckpt_path)
+            check_optimizer_state(checkpoint, [p.shape for p in self.parameters()], getattr(self.trainer, "ckpt_path", None))
             cleared = drop_per_fit_callback_state(checkpoint)
             if cleared and self.trainer.is_global_zero:
                 log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
