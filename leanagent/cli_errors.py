@@ -47,6 +47,18 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
                 return f"{where}: malformed YAML ({getattr(e, 'problem', None) or 'cannot parse'})"
             except (OSError, UnicodeDecodeError) as e:
                 return f"{path}: cannot read the config ({e})"
+    missing = re.match(r'Parser key "config": (.+)', message)
+    if missing:  # a --config that names no file: "File does not exist: 'x.yaml'", "Path is not a file: 'dir'"
+        return f"--config: {missing.group(1).strip()}"
+    if message.startswith("Unexpected config"):  # a file that parses to no mapping of settings
+        for path in configs:
+            try:
+                loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue
+            if not isinstance(loaded, dict):
+                what = "empty" if loaded is None else f"a {type(loaded).__name__}"
+                return f"{path}: a config is a mapping of settings (key: value lines); this one is {what}"
     keys = re.findall(r'Parser key "([^"]+)"', message)
     values = re.findall(r"Given value: (.+)$", message, re.M)
     # A value from the command line (`--model.init_args.lr=nan` reaches jsonargparse as NestedArg(key='lr', ...)):

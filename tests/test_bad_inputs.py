@@ -43,12 +43,21 @@ def in_tmp(tmp_path, monkeypatch) -> Path:
         ("trainer:\n  max_epoch: 1\n", ["bad.yaml", "trainer.max_epoch"]),
         ("trainer:\n  max_epochs: abc\n", ["bad.yaml", "trainer.max_epochs", "got abc"]),
         ("trainer:\n  strategy:\n    init_args:\n      timeout: forever\n", ["bad.yaml", "timeout", "forever"]),
+        ("", ["bad.yaml: a config is a mapping of settings", "this one is empty"]),
+        ("- 1\n- 2\n", ["bad.yaml: a config is a mapping of settings", "this one is a list"]),
     ],
-    ids=["malformed-yaml", "unknown-key", "wrong-type", "bad-timeout"],
+    ids=["malformed-yaml", "unknown-key", "wrong-type", "bad-timeout", "empty", "list"],
 )
 def test_config_errors_name_the_file_and_key_in_one_line(capsys, in_tmp, content, fragments):
     (in_tmp / "bad.yaml").write_text(content)
     one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "bad.yaml", *ONE_CPU], *fragments)
+
+
+@pytest.mark.parametrize("name", ["missing.yaml", "folder"])
+def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
+    (in_tmp / "folder").mkdir()
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", name], "--config:", name,
+              "does not exist" if name == "missing.yaml" else "not a file")
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,9 @@ def ablation_settings(config: Namespace) -> AblationSettings:
     names = [setup.name for setup in setups]
     if duplicated := sorted({name for name in names if names.count(name) > 1}):
         raise LeanAgentError(f"setups: each needs its own name (its output folder); {', '.join(duplicated)} repeats")
+    for path in [values["base"]] if isinstance(values["base"], str) else values["base"]:
+        if not Path(path).is_file():
+            raise LeanAgentError(f"base: {path} is not a file (the lifelong config each setup starts from)")
     return AblationSettings(base=values["base"], output_dir=values["output_dir"], setups=setups)
 
 
