@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+from jsonargparse.typing import PositiveInt
 
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
@@ -41,11 +42,11 @@ def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--data", type=Path, default=REPO / "data" / "batteries")
     parser.add_argument("--model", default="byt5-tiny")
-    parser.add_argument("--batches", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--batches", type=PositiveInt, default=4)
+    parser.add_argument("--rounds", type=PositiveInt, default=3)
+    parser.add_argument("--threads", type=PositiveInt, default=1)
+    parser.add_argument("--batch-size", type=PositiveInt, default=8)
+    parser.add_argument("--max-seq-len", type=PositiveInt, default=512)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -14,11 +14,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from jsonargparse.typing import PositiveInt
+
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluation_trainer
 from leanagent.models.loading import load_retriever
+from leanagent.precision import PRECISIONS
 from leanagent.retrieval.fusion import gain_z
 
 
@@ -49,8 +52,8 @@ def checkpoint_on_datasets(doc: str | None):
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("datasets", nargs="+", type=Path, help="dataset folders (corpus.jsonl and SPLIT_DIR/)")
     parser.add_argument("--split-dir", default="random")
-    parser.add_argument("--precision", default="bf16-mixed")
-    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--precision", default="bf16-mixed", choices=[str(p) for p in PRECISIONS if isinstance(p, str)])
+    parser.add_argument("--eval-batch-size", type=PositiveInt, default=64)
     args = parser.parse_args()
     return args, load_retriever(args.checkpoint), load_checkpoint(args.checkpoint, "checkpoint")
 

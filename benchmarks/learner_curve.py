@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
+from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
@@ -61,13 +62,13 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a LeanDojo Benchmark 4 dataset folder")
     p.add_argument("--split", default="random")
     p.add_argument("--shapes", nargs="+", default=["byt5-tiny", "byt5-mini", "byt5-cpu"], choices=sorted(PRESETS))
-    p.add_argument("--minutes", type=float, default=20.0, help="training minutes per shape (validation not counted)")
-    p.add_argument("--epochs", type=int, default=1, help="the schedule's span; training stops at --minutes first")
-    p.add_argument("--steps-per-eval", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-seq-len", type=int, default=256)
+    p.add_argument("--minutes", type=PositiveFloat, default=20.0, help="training minutes per shape (validation not counted)")
+    p.add_argument("--epochs", type=PositiveInt, default=1, help="the schedule's span; training stops at --minutes first")
+    p.add_argument("--steps-per-eval", type=PositiveInt, default=50)
+    p.add_argument("--batch-size", type=PositiveInt, default=64)
+    p.add_argument("--max-seq-len", type=PositiveInt, default=256)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-steps", type=int, default=30)
+    p.add_argument("--warmup-steps", type=NonNegativeInt, default=30)
     p.add_argument("--seed", type=int, default=3407)
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from jsonargparse.typing import PositiveInt
+
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.corpus.import_order import imports_first
 
@@ -176,12 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = benchmark_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=["mathlib-order", "synthetic-100k"],
                         help="mathlib-order, synthetic-100k, or a folder with corpus.jsonl and random/")
-    parser.add_argument("--ranks", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--ranks", nargs="+", type=PositiveInt, default=[2, 4])
     parser.add_argument("--commands", nargs="+", default=["fit", "validate"], choices=["fit", "validate", "test"])
-    parser.add_argument("--premises", type=int, default=100_000, help="size of synthetic-100k")
+    parser.add_argument("--premises", type=PositiveInt, default=100_000, help="size of synthetic-100k")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/leanagent-memory"))
-    parser.add_argument("--train-batches", type=int, default=4)
-    parser.add_argument("--val-batches", type=int, default=2)
+    parser.add_argument("--train-batches", type=PositiveInt, default=4)
+    parser.add_argument("--val-batches", type=PositiveInt, default=2)
     parser.add_argument("--interval", type=float, default=0.5)
     parser.add_argument("--limit-gb", type=float, default=20.0)
     parser.add_argument("--warm-cache", type=bool, default=False,

@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 
 from jsonargparse import Namespace
+from jsonargparse.typing import PositiveInt
 
 from benchmarks.arguments import add_optional_positional, benchmark_parser, run, value_or
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluate, evaluation_trainer
 from leanagent.models.loading import load_retriever
+from leanagent.precision import PRECISIONS
 from leanagent.retrieval.fusion import RETRIEVAL_MODES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,8 +36,8 @@ def main() -> None:
     parser.add_argument("checkpoint", type=Path)
     add_optional_positional(parser, "datasets", "*", type=Path, help="dataset folders (default: the bundled one)")
     parser.add_argument("--split-dir", default="random")
-    parser.add_argument("--precision", default="32-true")
-    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--precision", default="32-true", choices=[str(p) for p in PRECISIONS if isinstance(p, str)])
+    parser.add_argument("--eval-batch-size", type=PositiveInt, default=64)
     args = parser.parse_args()
     args.datasets = value_or(args, "datasets", [REPO / "data" / "batteries"])
     rows, grids = [], []

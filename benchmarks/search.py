@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from jsonargparse.typing import PositiveInt
 
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.corpus.corpus import Corpus
@@ -193,15 +194,15 @@ def embedding_rates(models: list[str], sample: int, sizes: list[int], threads: i
 
 def main() -> None:
     parser = benchmark_parser(__doc__)
-    parser.add_argument("--queries", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--dim", type=int, default=1472)
-    parser.add_argument("--k", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=5, help="rounds of timing; the best round counts")
-    parser.add_argument("--sample", type=int, default=256, help="premises encoded per model for the embedding rate")
-    parser.add_argument("--embed-threads", type=int, default=1,
+    parser.add_argument("--queries", type=PositiveInt, default=256)
+    parser.add_argument("--batch", type=PositiveInt, default=64)
+    parser.add_argument("--dim", type=PositiveInt, default=1472)
+    parser.add_argument("--k", type=PositiveInt, default=100)
+    parser.add_argument("--repeat", type=PositiveInt, default=5, help="rounds of timing; the best round counts")
+    parser.add_argument("--sample", type=PositiveInt, default=256, help="premises encoded per model for the embedding rate")
+    parser.add_argument("--embed-threads", type=PositiveInt, default=1,
                         help="torch threads while embedding (1: what each of the shipped 4 CPU ranks gets on 2-4 cores)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[3_000, 40_000, 100_000])
+    parser.add_argument("--sizes", type=PositiveInt, nargs="+", default=[3_000, 40_000, 100_000])
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     search_table(args.sizes, args.queries, args.batch, args.dim, args.k, args.repeat)

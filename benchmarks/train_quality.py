@@ -23,13 +23,14 @@ import pytorch_lightning as pl
 import torch
 
 from jsonargparse import Namespace
+from jsonargparse.typing import NonNegativeInt, PositiveInt
 
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.lifelong.evaluation import evaluate
 from leanagent.models.losses import LOSSES
 from leanagent.models.retriever import PremiseRetriever
-from leanagent.precision import run_precision
+from leanagent.precision import PRECISIONS, run_precision
 
 METRICS = ("Recall@1_val", "Recall@10_val", "MRR_val")
 MODES = ("dense", "bm25", "hybrid")
@@ -76,18 +77,18 @@ def parse_args() -> Namespace:
     p = benchmark_parser(__doc__)
     p.add_argument("--loss", choices=LOSSES, default="mse")
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup-steps", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--warmup-steps", type=NonNegativeInt, default=2)
+    p.add_argument("--epochs", type=PositiveInt, default=1)
     p.add_argument("--model-name", default="byt5-tiny")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--accumulate", type=int, default=4)
-    p.add_argument("--max-seq-len", type=int, default=512)
+    p.add_argument("--batch-size", type=PositiveInt, default=8)
+    p.add_argument("--accumulate", type=PositiveInt, default=4)
+    p.add_argument("--max-seq-len", type=PositiveInt, default=512)
     p.add_argument("--limit-train-batches", type=int | float | None, default=None, help="int = batches, float = fraction")
     p.add_argument("--data-path", default="data/batteries/random")
     p.add_argument("--corpus-path", default="data/batteries/corpus.jsonl")
-    p.add_argument("--precision", default="bf16-mixed")
+    p.add_argument("--precision", default="bf16-mixed", choices=[str(p) for p in PRECISIONS if isinstance(p, str)])
     p.add_argument("--seed", type=int, default=3407)
-    p.add_argument("--num-hard-negatives", type=int, default=0, help="BM25-mined negatives among the 3 per pair")
+    p.add_argument("--num-hard-negatives", type=NonNegativeInt, default=0, help="BM25-mined negatives among the 3 per pair")
     p.add_argument("--test-datasets", nargs="*", default=[],
                    help="dataset folders whose random/test split the trained model is tested on (cross-dataset transfer)")
     p.add_argument("--premise-text", choices=("serialized", "code"), default="serialized",

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from jsonargparse.typing import PositiveInt
 
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.data.datamodule import RetrievalDataModule
@@ -146,14 +147,14 @@ def train_steps(
 def main() -> None:
     parser = benchmark_parser(__doc__)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a dataset folder (corpus.jsonl, random/)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (the shipped config gives each CPU rank 1)")
-    parser.add_argument("--steps", type=int, default=24, help="timed batches for byt5-tiny and byt5-mini")
-    parser.add_argument("--big-steps", type=int, default=2, help="timed batches for the ByT5-small shape")
-    parser.add_argument("--big-batch-size", type=int, default=2, help="pairs per batch for the ByT5-small shape")
+    parser.add_argument("--threads", type=PositiveInt, default=1, help="torch threads (the shipped config gives each CPU rank 1)")
+    parser.add_argument("--steps", type=PositiveInt, default=24, help="timed batches for byt5-tiny and byt5-mini")
+    parser.add_argument("--big-steps", type=PositiveInt, default=2, help="timed batches for the ByT5-small shape")
+    parser.add_argument("--big-batch-size", type=PositiveInt, default=2, help="pairs per batch for the ByT5-small shape")
     parser.add_argument("--big-chunk-cost", type=float, default=512.0,
                         help="model.chunk_cost for the ByT5-small shape (a call costs little beside its tokens)")
-    parser.add_argument("--batch-size", type=int, default=8, help="pairs per batch (shipped: 8)")
-    parser.add_argument("--ranks", type=int, default=4, help="ranks of the shipped config, for the epoch estimate")
+    parser.add_argument("--batch-size", type=PositiveInt, default=8, help="pairs per batch (shipped: 8)")
+    parser.add_argument("--ranks", type=PositiveInt, default=4, help="ranks of the shipped config, for the epoch estimate")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from jsonargparse.typing import PositiveInt
 
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import load_tactic_states
@@ -27,7 +28,7 @@ def token_lengths(texts: list[str]) -> np.ndarray:
 def main() -> None:
     p = benchmark_parser(__doc__)
     p.add_argument("datasets", nargs="+", type=Path, help="dataset folders (corpus.jsonl and random/)")
-    p.add_argument("--max-seq-len", type=int, nargs="+", default=[512])
+    p.add_argument("--max-seq-len", type=PositiveInt, nargs="+", default=[512])
     p.add_argument("--premise-text", choices=("serialized", "code"), default="serialized")
     p.add_argument("--split", default="random/train.json")
     args = p.parse_args()

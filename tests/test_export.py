@@ -63,3 +63,22 @@ def test_a_benchmark_given_a_damaged_checkpoint_says_so_in_one_line(tmp_path):
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"error: retriever checkpoint: {bad} is not a loadable weights-only checkpoint "
                                                 "(UnpicklingError: not a torch checkpoint, or it holds objects other than tensors and plain data)"]
+
+
+@pytest.mark.parametrize(
+    "module, args, fragment",
+    [("retrieval_table", ["x.ckpt", "--precision=nope"], "invalid choice: 'nope'"),
+     ("search", ["--sizes", "0"], "0 does not conform to restriction v>0"),
+     ("learner_curve", ["--steps-per-eval=0"], "0 does not conform to restriction v>0"),
+     ("fisher_cost", ["--batches=0"], "0 does not conform to restriction v>0")],
+    ids=["precision", "search-size", "steps-per-eval", "fisher-batches"],
+)
+def test_a_benchmark_refuses_a_count_or_precision_that_cannot_run(monkeypatch, capsys, module, args, fragment):
+    """A ZeroDivisionError, an index error or torch's precision ValueError came after minutes of setup before."""
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [module, *args])
+    with pytest.raises(SystemExit) as stopped:
+        importlib.import_module(f"benchmarks.{module}").main()
+    assert stopped.value.code == 2
+    assert fragment in capsys.readouterr().err
