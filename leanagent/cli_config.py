@@ -4,6 +4,7 @@ value is one `error:` line now, not a traceback from Lightning or a failure afte
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,7 @@ def check_outputs_writable(config: Namespace) -> None:
 
 
 def _file_output(what: str, path: str | Path) -> tuple[str, str]:
-    if Path(path).is_dir():
+    if Path(path).is_dir() or str(path).endswith(("/", os.sep)):
         raise LeanAgentError(f"{what}: {path} is a folder; give a file path")
     return what, str(Path(path).parent)
 

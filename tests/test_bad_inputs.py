@@ -172,11 +172,11 @@ def test_ckpt_path_last_is_this_configs_last_checkpoint(in_tmp, retriever_checkp
     assert found.ckpt_path == str(Path("checkpoints") / "mine" / "last.ckpt")
 
 
-@pytest.mark.parametrize("kind", ["under-a-file", "a-folder"])
+@pytest.mark.parametrize("kind", ["under-a-file", "a-folder", "a-new-folder"])
 def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy_dataset, retriever_checkpoint, kind):
     (in_tmp / "afile").write_text("x")
     (in_tmp / "afolder").mkdir()
-    target = "afile/predictions.jsonl" if kind == "under-a-file" else "afolder"
+    target = {"under-a-file": "afile/predictions.jsonl", "a-folder": "afolder", "a-new-folder": "out/"}[kind]  # out/: was written as a file
     (in_tmp / "writer.yaml").write_text(
         "trainer:\n  callbacks:\n    - class_path: leanagent.callbacks.predictions.PremisePredictionWriter\n"
         f"      init_args:\n        output_path: {target}\n"
@@ -184,7 +184,7 @@ def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy
     one_error(capsys, ["predict", "--config", RETRIEVAL, "--config", "writer.yaml", *ONE_CPU, *data(toy_dataset),
                        "--model.init_args.model_name=byt5-tiny", "--model.init_args.init_from=null",
                        f"--ckpt_path={retriever_checkpoint}"], "PremisePredictionWriter) output_path")
-    assert not (in_tmp / "lightning_logs").exists()
+    assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "out").exists()
 
 
 @pytest.mark.parametrize(
