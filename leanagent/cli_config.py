@@ -58,6 +58,12 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
         value = config.trainer.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise LeanAgentError(f"trainer.{key} must be a positive integer, got {value!r}")
+    nodes = config.trainer.get("num_nodes")
+    if isinstance(nodes, int) and nodes > 1 and not _started_for_nodes():
+        raise LeanAgentError(
+            f"trainer.num_nodes={nodes}, but nothing starts the other nodes' processes (no torchrun, no SLURM step of "
+            "several tasks, no NODE_RANK or MASTER_ADDR): this process would wait for them until the process group "
+            "times out; launch one process per node with torchrun or srun (README, Distributed), or leave num_nodes at 1")
     every = config.trainer.get("check_val_every_n_epoch")
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise LeanAgentError(f"trainer.check_val_every_n_epoch must be a positive integer or null, got {every!r}")
@@ -68,6 +74,13 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
     if subcommand == "fit" and config.trainer.get("limit_train_batches") in (0, 0.0):
         raise LeanAgentError("trainer.limit_train_batches is 0: this fit would train nothing (leave it unset, or give a "
                              "positive number of batches or fraction of them)")
+
+
+def _started_for_nodes() -> bool:
+    """A launcher (or a user, by hand) told this process where it sits among several nodes."""
+    from leanagent.faults.heartbeats import external_launcher
+
+    return external_launcher() or any(os.environ.get(name) for name in ("NODE_RANK", "MASTER_ADDR", "GROUP_RANK"))
 
 
 def check_seed(config: Namespace) -> None:

@@ -70,6 +70,7 @@ def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
         ("--model.init_args.ewc_lambda=0.5", "fisher_path is not set"),
         ("--trainer.accumulate_grad_batches=0", "trainer.accumulate_grad_batches must be a positive integer"),
         ("--trainer.num_nodes=0", "trainer.num_nodes must be a positive integer"),
+        ("--trainer.num_nodes=2", "nothing starts the other nodes' processes"),  # waited, deaf to SIGTERM, for a year
         ("--trainer.limit_train_batches=0", "this fit would train nothing"),
         ("--seed_everything=-1", "seed_everything must be"),
         ("--trainer.accelerator=nonsense", "trainer: You selected an invalid accelerator name"),
@@ -78,7 +79,9 @@ def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
         ("--trainer.devices=[0]", "trainer: `devices` selected with `CPUAccelerator` should be an int"),  # a GPU list on a CPU
     ],
 )
-def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, setting, fragment):
+def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, monkeypatch, setting, fragment):
+    for name in ("NODE_RANK", "MASTER_ADDR", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "SLURM_NTASKS"):  # as a lone process has them
+        monkeypatch.delenv(name, raising=False)
     args = ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), setting]
     if setting.startswith("--trainer.devices"):
         args.remove("--trainer.devices=1")
