@@ -217,6 +217,11 @@ def merge_datasets(
     splits = _split_names(split)
     if not sources:
         raise LeanAgentError("merge needs at least one source dataset")
+    for path in (out_dir, *sources):
+        try:
+            path.resolve(strict=False)
+        except (RuntimeError, OSError) as e:  # a symlink loop, a path too long
+            raise LeanAgentError(f"{path}: cannot resolve the path ({e})") from None
     for src in sources:
         if not src.is_dir():
             raise LeanAgentError(f"source dataset folder not found: {src}")

@@ -281,3 +281,14 @@ def test_the_merge_command_takes_one_split_name_or_a_list(split, sources, tmp_pa
     main(["merge", *map(str, sources), "--out", str(out), *split])  # a parse error would exit 2
     assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "random"]  # only the split asked for
     assert read_merged(out)[1]["val"]
+
+
+def test_an_output_folder_on_a_symlink_loop_is_one_error(tmp_path):
+    from leanagent.errors import LeanAgentError
+    from leanagent.lifelong.merge import merge_datasets
+    from tests.conftest import BUNDLED
+
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(LeanAgentError, match="loop: cannot resolve the path"):
+        merge_datasets([BUNDLED], loop, split="random")
