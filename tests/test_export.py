@@ -51,6 +51,7 @@ def test_bad_exports_are_one_error_line_and_write_nothing(monkeypatch, tmp_path,
     assert not out.is_dir() or not any(out.iterdir())
 
 
+@pytest.mark.slow  # a real subprocess
 def test_a_benchmark_given_a_damaged_checkpoint_says_so_in_one_line(tmp_path):
     """Benchmarks take user files too (`python -m benchmarks.retrieval_table CKPT DATASET`)."""
     import subprocess
