@@ -54,7 +54,7 @@ def check_device_count(devices: Any) -> None:
 def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
     """Values Lightning refuses with a traceback (or, for accumulate_grad_batches 0, a ZeroDivisionError mid-fit),
     and a fit that would train nothing yet write checkpoints as if it had."""
-    for key in ("accumulate_grad_batches", "num_nodes"):
+    for key in ("accumulate_grad_batches", "num_nodes", "check_val_every_n_epoch"):  # each may be null
         value = config.trainer.get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise LeanAgentError(f"trainer.{key} must be a positive integer, got {value!r}")
@@ -64,9 +64,6 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
             f"trainer.num_nodes={nodes}, but nothing starts the other nodes' processes (no torchrun, no SLURM step of "
             "several tasks, no NODE_RANK or MASTER_ADDR): this process would wait for them until the process group "
             "times out; launch one process per node with torchrun or srun (README, Distributed), or leave num_nodes at 1")
-    every = config.trainer.get("check_val_every_n_epoch")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise LeanAgentError(f"trainer.check_val_every_n_epoch must be a positive integer or null, got {every!r}")
     interval = config.trainer.get("val_check_interval")
     if interval is not None and not isinstance(interval, bool) and isinstance(interval, (int, float)) and interval <= 0:
         raise LeanAgentError(f"trainer.val_check_interval must be a positive number of batches or fraction of an "
