@@ -55,7 +55,10 @@ class Encoder(nn.Module):
 
     def __init__(self, model_name: str) -> None:
         super().__init__()
-        self.t5 = load_t5_encoder(model_name)
+        # `from_pretrained` returns a model in eval mode, and Lightning (since 2.2) trains modules in the mode
+        # it finds them: a Hugging Face model (google/byt5-small: dropout 0.1) would fine-tune without its
+        # dropout. Train mode, as a freshly built preset starts; validation switches to eval and back.
+        self.t5 = load_t5_encoder(model_name).train()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         # A ready 4D additive mask keeps the model free of data-dependent branches, so torch.func.vmap works.
