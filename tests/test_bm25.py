@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -74,3 +79,38 @@ def test_bm25_never_returns_an_inaccessible_premise(toy_dataset):
         returned = [p for p in row if p >= 0]
         assert sorted(returned) == corpus.accessible_ids(f, pos).tolist()
         assert torch.isinf(row_scores[len(returned):]).all()
+
+
+_FAKE_JAX_LAX = '''
+import os, pathlib
+def top_k(scores, k):
+    # Where a GPU JAX would initialise: record the platforms it was allowed, and fail as a GPU already
+    # taken by another rank's JAX does.
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    pathlib.Path(os.environ["FAKE_JAX_RECORD"]).write_text(platforms)
+    if platforms != "cpu":
+        raise RuntimeError("Unable to initialize backend 'cuda': CUDA_ERROR_OUT_OF_MEMORY (this test's fake JAX)")
+    return scores[:k], list(range(k))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("user_platforms", [None, "cuda"])
+def test_importing_bm25_keeps_an_installed_jax_off_the_gpu_unless_the_user_chose(tmp_path, user_platforms):
+    """bm25s runs a JAX top-k at import: with a GPU JAX installed, every rank would take 75% of the GPU."""
+    (tmp_path / "jax").mkdir()
+    (tmp_path / "jax" / "__init__.py").write_text("")
+    (tmp_path / "jax" / "lax.py").write_text(_FAKE_JAX_LAX)
+    record = tmp_path / "platforms"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    repo = Path(__file__).resolve().parents[1]
+    env.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{repo}", FAKE_JAX_RECORD=str(record))
+    if user_platforms:
+        env["JAX_PLATFORMS"] = user_platforms
+    done = subprocess.run([sys.executable, "-c", "import leanagent.retrieval.bm25"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert record.read_text() == (user_platforms or "cpu")  # bm25s did reach the fake JAX
+    if user_platforms:
+        assert done.returncode != 0 and "Unable to initialize backend" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr

@@ -13,12 +13,18 @@ process and corpus and kept in memory, not written to disk (build times: docs/me
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
-import bm25s
+# bm25s runs a JAX top-k when it is imported, if JAX is installed (common on GPU machines): JAX then takes
+# 75% of every visible GPU's memory in each process, so the other ranks of a GPU node fail at import
+# ("Unable to initialize backend 'cuda'") and torch is left a quarter of the card. Scoring here is torch
+# and scipy; JAX stays on the CPU unless the user chose otherwise.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import bm25s  # noqa: E402
 import numpy as np
 import scipy.sparse as sp
 import torch
