@@ -6,7 +6,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -32,11 +32,27 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def missing_folders(folder: str | os.PathLike) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, deepest first: what making it creates, so that a
+    run that fails can remove it again."""
+    p = Path(folder)
+    return [q for q in (p, *p.parents) if not q.exists()]
+
+
+def remove_empty_folders(folders: Iterable[Path]) -> None:
+    """Remove each folder that is empty, deepest first; one that something else went into stays."""
+    for q in sorted(set(folders), key=lambda q: len(q.absolute().parts), reverse=True):
+        try:
+            q.rmdir()
+        except OSError:
+            pass
+
+
 def ensure_writable(folder: str | os.PathLike, what: str) -> Path:
     """Prove a file can be written in `folder` (permissions, read-only disks, a file in the way), creating it
     for the test and removing what was created."""
     p = Path(folder)
-    created = [q for q in (p, *p.parents) if not q.exists()]  # removed again: a failed run leaves no folders
+    created = missing_folders(p)  # removed again: a failed run leaves no folders
     try:
         p.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=p, prefix=".leanagent-write-test.")
@@ -45,11 +61,7 @@ def ensure_writable(folder: str | os.PathLike, what: str) -> Path:
     except OSError as e:
         raise LeanAgentError(f"{what}: {p} is not writable ({e.strerror or type(e).__name__})") from None
     finally:
-        for q in created:
-            try:
-                q.rmdir()
-            except OSError:
-                pass
+        remove_empty_folders(created)
     return p
 
 
@@ -102,26 +114,34 @@ def _parse_failure(e: Exception) -> str | None:
     return None
 
 
+def _loads(text: str, p: Path, lineno: int | None) -> Any:
+    """`json.loads` with each way it fails as one error line. `lineno` is the JSONL line `text` is, or None
+    for a whole JSON file (whose errors then name the line inside it)."""
+    what = "malformed JSON" if lineno is None else "malformed JSON line"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise LeanAgentError(f"{p}:{lineno or e.lineno}: {what} ({e.msg})") from None
+    except (RecursionError, ValueError) as e:
+        if (reason := _parse_failure(e)) is None:
+            raise
+        raise LeanAgentError(f"{p if lineno is None else f'{p}:{lineno}'}: {what} ({reason})") from None
+    if (at := _lone_surrogate(text, value)) is not None:
+        line = lineno or text.count("\n", 0, at) + 1
+        raise LeanAgentError(f"{p}:{line}: a string holds a lone UTF-16 surrogate ({text[at:at + 6]}), not text")
+    return value
+
+
 def read_json(path: str | os.PathLike) -> Any:
     p = require_file(path, "JSON file")
     try:
         with p.open(encoding="utf-8") as f:
             text = f.read()
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise LeanAgentError(f"{p}:{e.lineno}: malformed JSON ({e.msg})") from None
     except UnicodeDecodeError as e:
         raise LeanAgentError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise unreadable(p, e) from None
-    except (RecursionError, ValueError) as e:
-        if (reason := _parse_failure(e)) is None:
-            raise
-        raise LeanAgentError(f"{p}: malformed JSON ({reason})") from None
-    if (at := _lone_surrogate(text, value)) is not None:
-        line = text.count("\n", 0, at) + 1
-        raise LeanAgentError(f"{p}:{line}: a string holds a lone UTF-16 surrogate ({text[at:at + 6]}), not text")
-    return value
+    return _loads(text, p, None)
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
@@ -137,21 +157,8 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise LeanAgentError(f"{p}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise LeanAgentError(f"{p}:{lineno}: malformed JSON line ({e.msg})") from None
-            except (RecursionError, ValueError) as e:
-                if (reason := _parse_failure(e)) is None:
-                    raise
-                raise LeanAgentError(f"{p}:{lineno}: malformed JSON line ({reason})") from None
-            if (at := _lone_surrogate(line, record)) is not None:
-                raise LeanAgentError(
-                    f"{p}:{lineno}: a string holds a lone UTF-16 surrogate ({line[at:at + 6]}), not text"
-                )
-            yield lineno, record
+            if line.strip():
+                yield lineno, _loads(line, p, lineno)
 
 
 @contextmanager
