@@ -13,7 +13,7 @@ from jsonargparse import Namespace
 from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import SPECIAL_CKPT_PATHS
 from leanagent.errors import LeanAgentError
-from leanagent.io import ensure_writable
+from leanagent.io import ensure_writable, missing_folders, remove_empty_folders
 
 log = logging.getLogger("leanagent")
 
@@ -167,7 +167,7 @@ def note_log_dir(log_dir: str | None) -> None:
     """Remember the trainer's log folder if it does not exist yet: a user error found later removes it again."""
     if log_dir and not Path(log_dir).exists():
         _NEW_LOG_DIRS.append(Path(log_dir))
-        _NEW_PARENTS.extend(q for q in Path(log_dir).absolute().parents if not q.exists())  # lightning_logs/ too
+        _NEW_PARENTS.extend(missing_folders(Path(log_dir).absolute().parent))  # lightning_logs/ too
 
 
 def remove_unused_run_folders(heartbeat_folder: Path | None) -> None:
@@ -184,14 +184,6 @@ def remove_unused_run_folders(heartbeat_folder: Path | None) -> None:
     if removed and heartbeat_folder is not None and heartbeat_folder.is_dir():
         if all(p.name.startswith("rank") and p.suffix == ".json" for p in heartbeat_folder.iterdir()):
             shutil.rmtree(heartbeat_folder, ignore_errors=True)
-            for parent in (heartbeat_folder.parent, heartbeat_folder.parent.parent):  # heartbeats/, then the logger's folder
-                try:
-                    parent.rmdir()  # only when empty
-                except OSError:
-                    break
-    for parent in sorted(set(_NEW_PARENTS), key=lambda q: len(q.parts), reverse=True):  # deepest first
-        try:
-            parent.rmdir()  # only when empty: this command made it and nothing else went there
-        except OSError:
-            pass
+            remove_empty_folders([heartbeat_folder.parent, heartbeat_folder.parent.parent])  # heartbeats/, the logger's
+    remove_empty_folders(_NEW_PARENTS)  # this command made them; one that something else went into stays
     _NEW_PARENTS.clear()

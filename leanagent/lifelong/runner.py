@@ -27,7 +27,7 @@ from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.ewc.penalty import combine_fisher
 from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
-from leanagent.io import atomic_write, ensure_writable, read_json, write_json
+from leanagent.io import atomic_write, ensure_writable, missing_folders, read_json, remove_empty_folders, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.merge import merge_datasets
@@ -204,7 +204,7 @@ class LifelongRun:
             return self._run_all()
 
     def _run_all(self) -> dict:
-        created = [q for q in (self.out, *self.out.parents) if not q.exists()]
+        created = missing_folders(self.out)
         ensure_writable(self.out, "output_dir")
         try:
             order, repos, state = self._prepare()
@@ -225,11 +225,7 @@ class LifelongRun:
         if not created:
             return
         shutil.rmtree(self.out, ignore_errors=True)
-        for folder in created[1:]:
-            try:
-                folder.rmdir()
-            except OSError:
-                break
+        remove_empty_folders(created[1:])
 
     def _prepare(self) -> tuple[list[str], dict[str, Path], dict]:
         """The repositories, their order and the run's state, checked before the first stage."""
