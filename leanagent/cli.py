@@ -192,8 +192,14 @@ class LeanAgentCLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
-        """`test_after_fit` reads the test split first, so that a bad test.json fails now, not after the fit."""
-        if self.config.fit.get("test_after_fit") and hasattr(self.datamodule, "check_split"):
+        """The evaluation splits this fit will read are read first, so that a missing or empty val.json fails
+        now rather than after hard-negative mining has embedded the corpus (minutes on a large project), and
+        a bad test.json (`test_after_fit`) now rather than after the fit."""
+        if not hasattr(self.datamodule, "check_split"):
+            return
+        if self.trainer.limit_val_batches != 0:  # 0 turns validation off
+            self.datamodule.check_split("val")
+        if self.config.fit.get("test_after_fit"):
             self.datamodule.check_split("test")
 
     def after_fit(self) -> None:

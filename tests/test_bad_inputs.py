@@ -139,13 +139,26 @@ def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_data
                        "--model.init_args.ewc_lambda=1"], "f.safetensors", "metadata")
 
 
-@pytest.mark.parametrize("split, fragment", [("[]", "no tactic states to evaluate"), (None, "test split not found")],
+@pytest.mark.parametrize("name", ["val", "test"])
+@pytest.mark.parametrize("content, fragment", [("[]", "no tactic states to evaluate"), (None, "split not found")],
                          ids=["empty", "missing"])
-def test_test_after_fit_refuses_a_bad_test_split_before_training(capsys, in_tmp, toy_dataset, split, fragment):
-    test = toy_dataset / "random" / "test.json"
-    test.write_text(split) if split is not None else test.unlink()
-    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--test_after_fit=true"], "test.json", fragment)
-    assert not (in_tmp / "checkpoints").exists()  # refused before the fit, not after it
+def test_a_bad_evaluation_split_is_refused_before_training(capsys, in_tmp, toy_dataset, monkeypatch, name, content, fragment):
+    import leanagent.models.retriever as retriever
+
+    split = toy_dataset / "random" / f"{name}.json"
+    split.write_text(content) if content is not None else split.unlink()
+    mined = []
+    monkeypatch.setattr(retriever, "mine_with_start_encoder", lambda module: mined.append(module))
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--test_after_fit=true"],
+              f"{name}.json", fragment)
+    assert not mined  # refused before the module's setup mines hard negatives with the encoder
+    assert not (in_tmp / "checkpoints").exists()  # and before the fit, not after it
+
+
+def test_a_fit_without_validation_needs_no_val_split(capsys, in_tmp, toy_dataset):
+    (toy_dataset / "random" / "val.json").unlink()
+    main(["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--trainer.limit_val_batches=0",
+          "--trainer.max_epochs=1", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false"])
 
 
 @pytest.mark.parametrize("name", ["best", "hpc", "registry", "last"])
