@@ -93,6 +93,24 @@ def test_a_resumed_fit_mines_with_the_start_weights_not_the_checkpoints(mini_dat
     assert np.array_equal(first.train_pairs.hard_pools, resumed.train_pairs.hard_pools)
 
 
+def test_a_train_split_without_examples_fails_before_the_corpus_is_embedded(mini_dataset, tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    dataset = shutil.copytree(mini_dataset, tmp_path / "d")  # the fixture is shared: change a copy
+    train = dataset / "random" / "train.json"
+    theorems = json.loads(train.read_text())
+    for theorem in theorems:
+        for tactic in theorem["traced_tactics"]:
+            tactic["annotated_tactic"][1] = []  # no premise to learn from
+    train.write_text(json.dumps(theorems))
+    model, embedded = _model(), []
+    monkeypatch.setattr(model, "embed_corpus", lambda: embedded.append(1))
+    with pytest.raises(LeanAgentError, match=r"train\.json: no training examples"):
+        _fit(model, _data(dataset), tmp_path)
+    assert not embedded
+
+
 def test_encoder_negatives_need_a_module_that_mines_them(mini_dataset):
     with pytest.raises(LeanAgentError, match="hard_negatives_by is 'encoder'.*bm25"):
         _data(mini_dataset).train_pairs

@@ -232,7 +232,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
     def train_pairs(self) -> TrainingPairs:
         if self._train is None:
             sampler = NegativeSampler(self.corpus, self.num_negatives, self.num_in_file_negatives, self.num_hard_negatives)
-            states = self.states("train")
+            states = self.train_states()
             pools = self._hard_pools
             if self.wants_encoder_negatives and pools is None:
                 raise LeanAgentError(
@@ -243,12 +243,18 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
                 pools = shared_hard_negatives(lambda: self.bm25_index, self.corpus, states, self.hard_negative_pool,
                                               self.corpus_fingerprint)
             self._train = TrainingPairs(states, sampler, self.seed, pools)
-            if len(self._train) == 0:
-                raise LeanAgentError(
-                    f"{self.data_path / 'train.json'}: no training examples "
-                    "(no traced tactic has a premise annotation found in the corpus)"
-                )
         return self._train
+
+    def train_states(self) -> TacticStates:
+        """The train split's states, or one error naming train.json if none has a premise to learn from:
+        checked before anything is mined from them (embedding a large corpus takes minutes)."""
+        states = self.states("train")
+        if not any(states.positives):
+            raise LeanAgentError(
+                f"{self.data_path / 'train.json'}: no training examples "
+                "(no traced tactic has a premise annotation found in the corpus)"
+            )
+        return states
 
     @property
     def wants_encoder_negatives(self) -> bool:
@@ -258,7 +264,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         """Hard-negative pools of the training states mined now by `ranker()`, one process per node (cached by
         `ranker_key`, the encoder's weights), for `train_pairs` to draw from instead of BM25's."""
         self._train = None
-        self._hard_pools = shared_hard_negatives(ranker, self.corpus, self.states("train"), self.hard_negative_pool,
+        self._hard_pools = shared_hard_negatives(ranker, self.corpus, self.train_states(), self.hard_negative_pool,
                                                  self.corpus_fingerprint, ranker_key=ranker_key)
 
     # Batches.

@@ -81,6 +81,10 @@ class RetrievalData(Protocol):
         """Tactic states of `val`, `test`, `train` or `predict`, in the order their batches index them."""
 
     @abstractmethod
+    def train_states(self) -> TacticStates:
+        """The train split's states; raises LeanAgentError naming the file if none has a premise to learn from."""
+
+    @abstractmethod
     def corpus_dataloader(self, premise_ids: np.ndarray) -> Iterable[dict[str, torch.Tensor]]:
         """Batches {"premise_ids", "ids", "mask"} of the given premises, in the order given."""
 

@@ -66,6 +66,7 @@ def mine_with_start_encoder(module: Any) -> None:
     data = module.data
     if not getattr(data, "wants_encoder_negatives", False):  # another datamodule, or BM25 negatives
         return
+    data.train_states()  # a train split with nothing to learn fails here, before the corpus is embedded
     module.to(module.trainer.strategy.root_device)  # where the fit will run; Lightning would move it next
     was_training = module.training
     module.eval()
