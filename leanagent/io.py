@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
@@ -135,7 +136,7 @@ def _loads(text: str, p: Path, lineno: int | None) -> Any:
 def read_json(path: str | os.PathLike) -> Any:
     p = require_file(path, "JSON file")
     try:
-        with p.open(encoding="utf-8") as f:
+        with p.open(encoding="utf-8-sig") as f:  # a byte order mark, as some Windows editors write, is skipped
             text = f.read()
     except UnicodeDecodeError as e:
         raise LeanAgentError(f"{p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
@@ -145,7 +146,7 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, record) for each non-blank line."""
+    """Yield (line number, record) for each non-blank line; a byte order mark opening the file is skipped."""
     p = require_file(path, "JSONL file")
     try:
         f = p.open("rb")
@@ -153,6 +154,8 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
         raise unreadable(p, e) from None
     with f:
         for lineno, raw in enumerate(f, start=1):
+            if lineno == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:

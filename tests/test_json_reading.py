@@ -3,6 +3,7 @@ naming the file (and line), not a traceback from a tokenizer or the parser's int
 
 from __future__ import annotations
 
+import codecs
 import json
 
 import pytest
@@ -61,3 +62,14 @@ def test_json_that_the_parser_cannot_hold_is_one_error(tmp_path, body, reason):
     lines.write_text('{"a": 1}\n' + body + "\n")
     with pytest.raises(LeanAgentError, match=rf"corpus\.jsonl:2: malformed JSON line \(.*{reason}"):
         list(iter_jsonl(lines))
+
+
+def test_a_byte_order_mark_opening_a_file_is_skipped_and_one_elsewhere_is_an_error(tmp_path):
+    bom = codecs.BOM_UTF8
+    (tmp_path / "val.json").write_bytes(bom + b'[{"state": "x"}]\n')
+    assert read_json(tmp_path / "val.json") == [{"state": "x"}]
+    (tmp_path / "corpus.jsonl").write_bytes(bom + b'{"a": 1}\n{"b": 2}\n')
+    assert list(iter_jsonl(tmp_path / "corpus.jsonl")) == [(1, {"a": 1}), (2, {"b": 2})]
+    (tmp_path / "corpus.jsonl").write_bytes(b'{"a": 1}\n' + bom + b'{"b": 2}\n')  # not where an editor puts one
+    with pytest.raises(LeanAgentError, match=r"corpus\.jsonl:2: malformed JSON line"):
+        list(iter_jsonl(tmp_path / "corpus.jsonl"))
