@@ -13,6 +13,7 @@ from argparse import ArgumentError
 from jsonargparse import Namespace
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.utilities.exceptions import MisconfigurationException
+from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
 from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
@@ -197,7 +198,7 @@ class LeanAgentCLI(LightningCLI):
         a bad test.json (`test_after_fit`) now rather than after the fit."""
         if not hasattr(self.datamodule, "check_split"):
             return
-        if self.trainer.limit_val_batches != 0:  # 0 turns validation off
+        if self.trainer.limit_val_batches != 0 and is_overridden("validation_step", self.model):  # else no val loop
             self.datamodule.check_split("val")
         if self.config.fit.get("test_after_fit"):
             self.datamodule.check_split("test")

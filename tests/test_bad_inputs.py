@@ -155,6 +155,13 @@ def test_a_bad_evaluation_split_is_refused_before_training(capsys, in_tmp, toy_d
     assert not (in_tmp / "checkpoints").exists()  # and before the fit, not after it
 
 
+def test_a_fisher_pass_needs_no_val_split_even_with_validation_batches_set(in_tmp, toy_dataset, retriever_checkpoint):
+    (toy_dataset / "random" / "val.json").unlink()  # FisherInformation has no validation_step: no val loop runs
+    main(["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={retriever_checkpoint}",
+          "--model.init_args.model_name=byt5-tiny", "--trainer.limit_val_batches=1.0", "--trainer.precision=32-true"])
+    assert (in_tmp / "checkpoints" / "fisher" / "fisher.safetensors").is_file()
+
+
 def test_a_fit_without_validation_needs_no_val_split(capsys, in_tmp, toy_dataset):
     (toy_dataset / "random" / "val.json").unlink()
     main(["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--trainer.limit_val_batches=0",
