@@ -193,11 +193,12 @@ class LeanAgentCLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
-        """The evaluation splits this fit will read are read first, so that a missing or empty val.json fails
-        now rather than after hard-negative mining has embedded the corpus (minutes on a large project), and
-        a bad test.json (`test_after_fit`) now rather than after the fit."""
+        """Every split this fit will read is read first, train, val, then test, so that a bad file fails now
+        rather than after hard-negative mining has embedded the corpus (minutes on a large project) or, for
+        test.json under `test_after_fit`, after the fit; and in that order whichever file it is."""
         if not hasattr(self.datamodule, "check_split"):
             return
+        self.datamodule.train_states()
         if self.trainer.limit_val_batches != 0 and is_overridden("validation_step", self.model):  # else no val loop
             self.datamodule.check_split("val")
         if self.config.fit.get("test_after_fit"):
