@@ -340,11 +340,14 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _install_fault_handling() -> None:
-    """Lost ranks are named (Lightning's child observer replaced); NCCL's flight recorder on where unset."""
+    """Lost ranks are named (Lightning's child observer replaced); no collective inside Lightning's SIGTERM
+    handler (compat.sigterm_handler_without_collectives); NCCL's flight recorder on where unset."""
+    from leanagent.compat import sigterm_handler_without_collectives
     from leanagent.faults.flight_recorder import set_flight_recorder_env
     from leanagent.faults.rank_observer import install_fault_handling
 
     install_fault_handling()
+    sigterm_handler_without_collectives()
     set_flight_recorder_env()
 
 

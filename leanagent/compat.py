@@ -72,6 +72,37 @@ def record_checkpoint_saved(callback: Any, filepath: str) -> None:
     callback._last_checkpoint_saved = filepath
 
 
+def sigterm_handler_without_collectives() -> None:
+    """Lightning's SIGTERM handler, minus the collective it runs inside the handler.
+
+    Replaces `pytorch_lightning.trainer.connectors.signal_connector._SignalConnector._sigterm_notifier_fn`,
+    which `register_signal_handlers` installs for every validate, test and predict (and a fit's sanity check).
+    After logging and forwarding the signal to the ranks the launcher spawned, it runs
+    `dist.broadcast(src=0)` inside the handler. A handler runs between bytecodes: a rank waiting inside a
+    collective runs it only once that collective returns. When SIGTERM reaches every rank while rank 0 waits
+    in one, the other ranks wait in the broadcast and rank 0 in its collective, for good. The broadcast
+    carries nothing (no rank reads the tensor), so this keeps the log line, the forwarding and the flag.
+    No Trainer argument turns the handler off. Idempotent.
+    """
+    import logging
+
+    from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
+
+    if getattr(_SignalConnector._sigterm_notifier_fn, "_leanagent", False):
+        return
+    log = logging.getLogger("leanagent")
+
+    def _sigterm_notifier_fn(self: Any, signum: int, _: Any) -> None:
+        log.info("rank %d: received signal %d", self.trainer.global_rank, signum)
+        if not self.received_sigterm and self.trainer.strategy.launcher is not None:
+            self.trainer.strategy.launcher.kill(signum)
+        self.received_sigterm = True
+
+    _sigterm_notifier_fn._leanagent = True  # type: ignore[attr-defined]
+    _sigterm_notifier_fn._lightnings = _SignalConnector._sigterm_notifier_fn  # type: ignore[attr-defined]
+    _SignalConnector._sigterm_notifier_fn = _sigterm_notifier_fn
+
+
 # torch.
 
 

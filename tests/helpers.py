@@ -66,6 +66,29 @@ class PauseInEvaluation(Callback):
         self._pause(trainer)
 
 
+class PauseBesideACollective(Callback):
+    """At the first test batch rank 1 touches `ready` and sleeps `seconds` (in Python, where a signal handler
+    runs at once) while rank 0 is already waiting inside a collective for it (in C, where a handler waits
+    until the collective returns); then rank 1 joins the collective. A signal to every rank now finds them
+    in those two places."""
+
+    def __init__(self, ready: str, seconds: float = 60.0) -> None:
+        self.ready = ready
+        self.seconds = seconds
+        self.done = False
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        import torch.distributed as dist
+
+        if self.done:
+            return
+        self.done = True
+        if trainer.global_rank == 1:
+            open(self.ready, "w").close()
+            time.sleep(self.seconds)
+        dist.all_gather_object([None] * trainer.world_size, trainer.global_rank)
+
+
 def pause_lifelong_evaluations(ready: str, seconds: float = 30.0) -> None:
     """In this process, the lifelong runner's in-process evaluations get a `PauseInEvaluation` (its stages,
     separate processes, are untouched). For `python -c` wrappers of main.py in real-process tests."""
@@ -97,7 +120,12 @@ def signal_when_ready(command: list[str], cwd: Path, ready: Path, signal_name: s
         if ready.exists():
             signum = signal.Signals[signal_name]
             os.killpg(process.pid, signum) if to_group else os.kill(process.pid, signum)
-        process.wait(timeout=120)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # a hung run must not outlive its test
+            process.wait()
+            raise
     stderr = errors.read_text()
     assert ready.exists(), stderr[-4000:]
     return process.returncode, stderr

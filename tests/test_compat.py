@@ -71,6 +71,43 @@ def test_cluster_environment_is_the_one_lightnings_signal_handling_reads(tmp_pat
     require(compat.cluster_environment(trainer) is environment, private, "does not hold the environment given to the Trainer")
 
 
+def test_lightnings_sigterm_handler_is_replaced_by_one_without_a_collective(tmp_path, monkeypatch):
+    from pytorch_lightning.trainer.connectors import signal_connector
+
+    private = "pytorch_lightning.trainer.connectors.signal_connector._SignalConnector._sigterm_notifier_fn"
+    connector = signal_connector._SignalConnector
+    original = getattr(connector, "_sigterm_notifier_fn", None)
+    original = getattr(original, "_lightnings", original)  # Lightning's, if main() in this process replaced it
+    require(original is not None and list(inspect.signature(original).parameters) == ["self", "signum", "_"], private,
+            "is gone or takes other arguments")
+    require("self._sigterm_notifier_fn" in inspect.getsource(connector.register_signal_handlers), private,
+            "register_signal_handlers no longer installs it")
+    monkeypatch.setattr(connector, "_sigterm_notifier_fn", original)  # undone after the test
+    compat.sigterm_handler_without_collectives()
+    compat.sigterm_handler_without_collectives()  # idempotent
+    kills: list[int] = []
+
+    class Launcher:
+        def kill(self, signum: int) -> None:
+            kills.append(signum)
+
+    trainer = tiny_trainer(tmp_path)
+    trainer.strategy._launcher = Launcher()
+    collectives: list[str] = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "broadcast", lambda *a, **k: collectives.append("broadcast"))
+    monkeypatch.setattr(type(trainer), "world_size", property(lambda self: 2))
+    handler = trainer._signal_connector._sigterm_notifier_fn
+    handler(15, None)
+    handler(15, None)
+    require(collectives == [], private, "the replacement still runs a collective")
+    require(kills == [15] and trainer._signal_connector.received_sigterm, private,
+            "the replacement no longer forwards the signal once or no longer sets the flag")
+    monkeypatch.setattr(connector, "_sigterm_notifier_fn", original)
+    original(trainer._signal_connector, 15, None)
+    require(collectives == ["broadcast"], private, "Lightning's handler no longer runs a broadcast: the replacement may go")
+
+
 def test_save_last_checkpoint_writes_last_ckpt_now(tmp_path):
     from pytorch_lightning.callbacks import ModelCheckpoint
 

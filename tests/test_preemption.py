@@ -164,3 +164,23 @@ def test_a_signal_during_validate_or_test_exits_non_zero_with_one_line(tmp_path,
     errors = [l for l in stderr.splitlines() if l.startswith("error")]
     assert errors == [f"error: {subcommand} stopped by {signal_name}; run the same command again"], stderr[-3000:]
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+
+
+def test_sigterm_to_every_rank_while_one_waits_in_a_collective_ends_the_evaluation(tmp_path, mini_dataset, trained_run):
+    """Lightning's SIGTERM handler runs a broadcast from rank 0 inside the handler. A rank whose handler runs
+    while rank 0 waits inside another collective (rank 0's own handler waits for that collective to return)
+    then waits in the broadcast for good: a preempted 2-rank test hung with every rank alive."""
+    folder, _ = trained_run
+    ready = tmp_path / "pausing"
+    args = ["test", "--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.precision=32-true",
+            f"--data.data_path={mini_dataset / 'random'}", f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}",
+            "--data.max_seq_len=64", "--trainer.callbacks+=tests.helpers.PauseBesideACollective",
+            f"--trainer.callbacks.ready={ready}", f"--ckpt_path={folder / 'checkpoints' / 'retrieval' / 'last.ckpt'}"]
+    try:
+        returncode, stderr = signal_when_ready([sys.executable, str(REPO / "main.py"), *args], tmp_path, ready,
+                                               "SIGTERM", to_group=True, wait=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the ranks were still running 120 s after SIGTERM reached them all")
+    assert returncode == 143, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error")]
+    assert errors == ["error: test stopped by SIGTERM; run the same command again"], stderr[-3000:]
