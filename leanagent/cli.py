@@ -193,9 +193,8 @@ class LeanAgentCLI(LightningCLI):
         return trainer
 
     def before_fit(self) -> None:
-        """Every split this fit will read is read first, train, val, then test, so that a bad file fails now
-        rather than after hard-negative mining has embedded the corpus (minutes on a large project) or, for
-        test.json under `test_after_fit`, after the fit; and in that order whichever file it is."""
+        """Every split this fit will read is read now, in the order train, val, test: a bad file fails before
+        hard-negative mining embeds the corpus (minutes on a large project), not after it or after the fit."""
         if not hasattr(self.datamodule, "check_split"):
             return
         self.datamodule.train_states()

@@ -88,7 +88,7 @@ def sigterm_handler_without_collectives() -> None:
 
     from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
 
-    if getattr(_SignalConnector._sigterm_notifier_fn, "_leanagent", False):
+    if hasattr(_SignalConnector._sigterm_notifier_fn, "_lightnings"):  # already ours
         return
     log = logging.getLogger("leanagent")
 
@@ -98,7 +98,6 @@ def sigterm_handler_without_collectives() -> None:
             self.trainer.strategy.launcher.kill(signum)
         self.received_sigterm = True
 
-    _sigterm_notifier_fn._leanagent = True  # type: ignore[attr-defined]
     _sigterm_notifier_fn._lightnings = _SignalConnector._sigterm_notifier_fn  # type: ignore[attr-defined]
     _SignalConnector._sigterm_notifier_fn = _sigterm_notifier_fn
 

@@ -166,6 +166,8 @@ def test_a_fit_without_validation_needs_no_val_split(capsys, in_tmp, toy_dataset
     (toy_dataset / "random" / "val.json").unlink()
     main(["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--trainer.limit_val_batches=0",
           "--trainer.max_epochs=1", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false"])
+    (metrics,) = in_tmp.glob("lightning_logs/retrieval/version_*/metrics.csv")
+    assert "loss" in metrics.read_text().splitlines()[0]  # it trained
 
 
 @pytest.mark.parametrize("name", ["best", "hpc", "registry", "last"])
