@@ -170,13 +170,17 @@ class LeanAgentCLI(LightningCLI):
             explicit = config.trainer.max_epochs
             progressive = config.get("progressive") or Namespace(epochs_per_repo=1)
             config.trainer.max_epochs = plan_max_epochs(
-                getattr(self, "_checkpoint", None), explicit, int(progressive.epochs_per_repo)
+                getattr(self, "_checkpoint", None), explicit, int(progressive.epochs_per_repo), config.trainer.max_steps
             )
-            log.info(
-                "rank %s: this fit trains to max_epochs=%d (%s)", os.environ.get("LOCAL_RANK", "0"),
-                config.trainer.max_epochs,
-                "trainer.max_epochs as given" if explicit is not None and explicit >= 0 else "progressive training",
-            )
+            if config.trainer.max_epochs == -1:
+                log.info("rank %s: this fit trains to max_steps=%d (trainer.max_epochs -1: no epoch limit)",
+                         os.environ.get("LOCAL_RANK", "0"), config.trainer.max_steps)
+            else:
+                log.info(
+                    "rank %s: this fit trains to max_epochs=%d (%s)", os.environ.get("LOCAL_RANK", "0"),
+                    config.trainer.max_epochs,
+                    "trainer.max_epochs as given" if explicit is not None and explicit >= 0 else "progressive training",
+                )
 
     def instantiate_trainer(self, **kwargs: Any) -> pl.Trainer:
         """The Trainer in the precision this machine runs well (leanagent/precision.py); the config, and the

@@ -308,3 +308,19 @@ def test_a_data_error_found_in_setup_leaves_no_lightning_logs(capsys, in_tmp, to
 def test_a_bad_command_line_value_is_blamed_on_the_argument_not_the_config(capsys, in_tmp, setting, expected):
     """It said `configs/retrieval.yaml: model: invalid value (got NestedArg(...))`, a file that has no such key."""
     assert one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, setting]) == f"error: {expected}"
+
+
+def test_max_epochs_minus_one_trains_to_max_steps_and_alone_is_refused(capsys, in_tmp, toy_dataset):
+    """Lightning's -1 (no epoch limit) is not progressive training's 2 epochs: max_steps ends the fit."""
+    quiet = ["--trainer.limit_val_batches=0", "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false",
+             "--trainer.accumulate_grad_batches=1"]
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), *quiet, "--trainer.max_epochs=-1"],
+              "trainer.max_epochs is -1", "give trainer.max_steps")
+    assert not (in_tmp / "lightning_logs").exists()
+    main(["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), *quiet, "--trainer.max_epochs=-1",
+          "--trainer.max_steps=3"])
+    (metrics,) = in_tmp.glob("lightning_logs/retrieval/version_*/metrics.csv")
+    rows = [dict(zip(metrics.read_text().splitlines()[0].split(","), line.split(",")))
+            for line in metrics.read_text().splitlines()[1:]]
+    assert max(int(row["step"]) for row in rows if row.get("loss_train_step")) == 2  # steps 0, 1, 2
+    assert max(int(row["epoch"]) for row in rows if row.get("epoch")) == 2  # one batch an epoch: 3 epochs, not 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import pytorch_lightning as pl
@@ -15,6 +16,7 @@ from leanagent.checkpoint_files import FIT_STATE_KEY, load_checkpoint, next_fit_
 from leanagent.cli import LeanAgentCLI, adopt_checkpoint_hparams
 from leanagent.cli_config import use_final_last_checkpoint
 from leanagent.errors import LeanAgentError
+from leanagent.models.fit_checkpoint import fit_state_entry
 from leanagent.models.schedule import warmup_cosine
 
 
@@ -34,6 +36,31 @@ def test_epoch_budget_fresh_resumed_interrupted_and_explicit():
     assert plan_max_epochs(checkpoint(2, 30, finished=True), 7, 1) == 7
     with pytest.raises(LeanAgentError, match="already trained 3 epoch"):
         plan_max_epochs(checkpoint(2, 30, finished=True), 3, 1)
+
+
+def test_no_epoch_limit_is_kept_when_max_steps_ends_the_fit_and_refused_when_nothing_does():
+    # Lightning's max_epochs=-1: the fit runs until max_steps, not progressive training's epochs.
+    assert plan_max_epochs(None, -1, 3, max_steps=40) == -1
+    assert plan_max_epochs(checkpoint(2, 30, finished=True), -1, 1, max_steps=90) == -1
+    # An interrupted fit without an epoch limit continues to its max_steps.
+    assert plan_max_epochs(checkpoint(1, 17, finished=False, max_epochs=-1), None, 2, max_steps=40) == -1
+    assert plan_max_epochs(None, None, 3, max_steps=40) == 3  # unset still means progressive training
+    for args in ((None, -1, 3), (checkpoint(1, 17, finished=False, max_epochs=-1), None, 2)):
+        with pytest.raises(LeanAgentError, match="no end.*give trainer.max_steps"):
+            plan_max_epochs(*args, max_steps=-1)
+    assert plan_max_epochs(None, -5, 3) == -5  # left for Lightning to refuse by name
+
+
+def test_a_fit_that_reached_max_steps_is_finished_even_mid_epoch():
+    """The next fit then plans afresh; continuing a plan whose max_steps was reached would train past it."""
+    def trainer(global_step: int, last_batch: bool = False) -> SimpleNamespace:
+        progress = SimpleNamespace(is_last_batch=last_batch, current=SimpleNamespace(processed=5))
+        return SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
+                               max_epochs=-1, max_steps=40, global_step=global_step, current_epoch=2, should_stop=False)
+
+    assert fit_state_entry(trainer(40), 0, 0)["finished"] is True
+    assert fit_state_entry(trainer(39), 0, 0)["finished"] is False  # preempted before its end
+    assert fit_state_entry(trainer(39, last_batch=True), 0, 0)["finished"] is False  # no epoch limit to reach
 
 
 def test_next_fit_starts_where_the_last_one_ended_or_continues_an_interrupted_one():

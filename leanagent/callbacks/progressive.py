@@ -25,10 +25,14 @@ from leanagent.errors import LeanAgentError
 log = logging.getLogger("leanagent")
 
 
-def plan_max_epochs(checkpoint: dict[str, Any] | None, explicit_max_epochs: int | None, epochs_per_repo: int) -> int:
+def plan_max_epochs(
+    checkpoint: dict[str, Any] | None, explicit_max_epochs: int | None, epochs_per_repo: int, max_steps: int = -1
+) -> int:
     """`trainer.max_epochs` for a fit, given the checkpoint it resumes from (if any).
 
     - An explicit `trainer.max_epochs` (command line or config) wins; one that would train nothing is refused.
+      -1 is Lightning's "no epoch limit": kept when `trainer.max_steps` ends the fit, refused when nothing
+      would (the LR schedule needs an end).
     - A checkpoint whose fit was interrupted finishes that fit's plan.
     - Otherwise (fresh, or after a finished fit): the next epoch plus `epochs_per_repo`.
     """
@@ -39,8 +43,20 @@ def plan_max_epochs(checkpoint: dict[str, Any] | None, explicit_max_epochs: int 
         epoch = int(checkpoint.get("epoch", -1))
         start = epoch if not state.finished else epoch + 1
         planned = state.max_epochs if not state.finished else start + epochs_per_repo
-    if explicit_max_epochs is None or explicit_max_epochs < 0:
-        return planned
+    if explicit_max_epochs is None:
+        if planned >= 0:
+            return planned
+        explicit_max_epochs = -1  # the checkpoint interrupted a fit without an epoch limit: it continues so
+    if explicit_max_epochs == -1:
+        if max_steps is None or max_steps < 0:
+            raise LeanAgentError(
+                "trainer.max_epochs is -1 (no epoch limit) and trainer.max_steps is unset, so the fit would have no end, "
+                "which the LR schedule cannot plan: give trainer.max_steps, a number of epochs, or leave "
+                f"trainer.max_epochs unset to train progressive.epochs_per_repo ({epochs_per_repo}) epochs"
+            )
+        return -1
+    if explicit_max_epochs < 0:
+        return explicit_max_epochs  # Lightning refuses it, naming the setting
     if explicit_max_epochs <= start:
         raise LeanAgentError(
             f"trainer.max_epochs is {explicit_max_epochs}, but the checkpoint has already trained {start} epoch(s), "

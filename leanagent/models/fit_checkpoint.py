@@ -17,11 +17,12 @@ def fit_state_entry(trainer: pl.Trainer, start_epoch: int, start_step: int) -> d
     """The checkpoint's FIT_STATE_KEY entry: the fit's plan and where in its epoch the checkpoint was taken."""
     epoch_done = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
     last_epoch = trainer.max_epochs is not None and 0 <= trainer.max_epochs <= trainer.current_epoch + 1
+    steps_done = trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step
     state = FitState(
         start_epoch=start_epoch,
         start_step=start_step,
         max_epochs=int(trainer.max_epochs if trainer.max_epochs is not None else -1),
-        finished=epoch_done and (last_epoch or trainer.should_stop),
+        finished=(epoch_done and (last_epoch or trainer.should_stop)) or steps_done,
     )
     return {
         **state.as_dict(),

@@ -36,10 +36,10 @@ def warmup_cosine(warmup_steps: int, total_steps: int, start_step: int = 0) -> C
 
 def fit_steps(trainer: pl.Trainer, start_epoch: int, start_step: int) -> int:
     """Optimizer steps of the fit being run: from its first epoch to `max_epochs` (or `max_steps`)."""
-    trainer.estimated_stepping_batches  # sets up the train dataloader, so num_training_batches is known
-    per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
     steps = math.inf
     if trainer.max_epochs is not None and trainer.max_epochs >= 0:
+        trainer.estimated_stepping_batches  # sets up the train dataloader, so num_training_batches is known
+        per_epoch = math.ceil(trainer.num_training_batches / trainer.accumulate_grad_batches)
         steps = per_epoch * (trainer.max_epochs - start_epoch)
     if trainer.max_steps is not None and trainer.max_steps >= 0:
         steps = min(steps, trainer.max_steps - start_step)
