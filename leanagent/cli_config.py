@@ -68,6 +68,9 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
     if interval is not None and not isinstance(interval, bool) and isinstance(interval, (int, float)) and interval <= 0:
         raise LeanAgentError(f"trainer.val_check_interval must be a positive number of batches or fraction of an "
                              f"epoch, got {interval!r}")
+    clip = config.trainer.get("gradient_clip_val")  # Lightning skips clipping for any value <= 0, silently
+    if clip is not None and not isinstance(clip, bool) and isinstance(clip, (int, float)) and not clip >= 0:
+        raise LeanAgentError(f"trainer.gradient_clip_val must be a non-negative number (0 or null: no clipping), got {clip!r}")
     if subcommand == "fit" and config.trainer.get("limit_train_batches") in (0, 0.0):
         raise LeanAgentError("trainer.limit_train_batches is 0: this fit would train nothing (leave it unset, or give a "
                              "positive number of batches or fraction of them)")
