@@ -45,8 +45,9 @@ def test_no_epoch_limit_is_kept_when_max_steps_ends_the_fit_and_refused_when_not
     # An interrupted fit without an epoch limit continues to its max_steps.
     assert plan_max_epochs(checkpoint(1, 17, finished=False, max_epochs=-1), None, 2, max_steps=40) == -1
     assert plan_max_epochs(None, None, 3, max_steps=40) == 3  # unset still means progressive training
-    for args in ((None, -1, 3), (checkpoint(1, 17, finished=False, max_epochs=-1), None, 2)):
-        with pytest.raises(LeanAgentError, match="no end.*give trainer.max_steps"):
+    interrupted = checkpoint(1, 17, finished=False, max_epochs=-1)
+    for args, whose in (((None, -1, 3), "trainer.max_epochs is -1"), ((interrupted, None, 2), "checkpoint interrupted")):
+        with pytest.raises(LeanAgentError, match=f"{whose}.*no end.*give trainer.max_steps"):
             plan_max_epochs(*args, max_steps=-1)
     assert plan_max_epochs(None, -5, 3) == -5  # left for Lightning to refuse by name
 

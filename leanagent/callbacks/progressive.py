@@ -43,14 +43,16 @@ def plan_max_epochs(
         epoch = int(checkpoint.get("epoch", -1))
         start = epoch if not state.finished else epoch + 1
         planned = state.max_epochs if not state.finished else start + epochs_per_repo
+    whose = "trainer.max_epochs is -1"
     if explicit_max_epochs is None:
         if planned >= 0:
             return planned
         explicit_max_epochs = -1  # the checkpoint interrupted a fit without an epoch limit: it continues so
+        whose = "the fit this checkpoint interrupted had trainer.max_epochs -1"
     if explicit_max_epochs == -1:
         if max_steps is None or max_steps < 0:
             raise LeanAgentError(
-                "trainer.max_epochs is -1 (no epoch limit) and trainer.max_steps is unset, so the fit would have no end, "
+                f"{whose} (no epoch limit) and trainer.max_steps is unset, so the fit would have no end, "
                 "which the LR schedule cannot plan: give trainer.max_steps, a number of epochs, or leave "
                 f"trainer.max_epochs unset to train progressive.epochs_per_repo ({epochs_per_repo}) epochs"
             )
