@@ -43,14 +43,12 @@ def plan_max_epochs(
         epoch = int(checkpoint.get("epoch", -1))
         start = epoch if not state.finished else epoch + 1
         planned = state.max_epochs if not state.finished else start + epochs_per_repo
-    whose = "trainer.max_epochs is -1"
-    if explicit_max_epochs is None:
-        if planned >= 0:
-            return planned
-        explicit_max_epochs = -1  # the checkpoint interrupted a fit without an epoch limit: it continues so
-        whose = "the fit this checkpoint interrupted had trainer.max_epochs -1"
-    if explicit_max_epochs == -1:
+    if explicit_max_epochs is None and planned >= 0:
+        return planned
+    if explicit_max_epochs in (None, -1):  # given as -1, or the plan of an interrupted fit without an epoch limit
         if max_steps is None or max_steps < 0:
+            whose = ("trainer.max_epochs is -1" if explicit_max_epochs == -1
+                     else "the fit this checkpoint interrupted had trainer.max_epochs -1")
             raise LeanAgentError(
                 f"{whose} (no epoch limit) and trainer.max_steps is unset, so the fit would have no end, "
                 "which the LR schedule cannot plan: give trainer.max_steps, a number of epochs, or leave "
