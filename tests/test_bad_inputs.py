@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -321,7 +322,6 @@ def test_max_epochs_minus_one_trains_to_max_steps_and_alone_is_refused(capsys, i
     main(["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), *quiet, "--trainer.max_epochs=-1",
           "--trainer.max_steps=3"])
     (metrics,) = in_tmp.glob("lightning_logs/retrieval/version_*/metrics.csv")
-    rows = [dict(zip(metrics.read_text().splitlines()[0].split(","), line.split(",")))
-            for line in metrics.read_text().splitlines()[1:]]
+    rows = list(csv.DictReader(metrics.open()))
     assert max(int(row["step"]) for row in rows if row.get("loss_train_step")) == 2  # steps 0, 1, 2
     assert max(int(row["epoch"]) for row in rows if row.get("epoch")) == 2  # one batch an epoch: 3 epochs, not 2
