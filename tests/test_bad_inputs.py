@@ -325,3 +325,16 @@ def test_max_epochs_minus_one_trains_to_max_steps_and_alone_is_refused(capsys, i
     rows = list(csv.DictReader(metrics.open()))
     assert max(int(row["step"]) for row in rows if row.get("loss_train_step")) == 2  # steps 0, 1, 2
     assert max(int(row["epoch"]) for row in rows if row.get("epoch")) == 2  # one batch an epoch: 3 epochs, not 2
+
+
+def test_max_steps_mid_epoch_validates_the_last_step_for_checkpoints_and_early_stopping(in_tmp, toy_dataset):
+    """Lightning validates only at an epoch's end, and EarlyStopping on Recall@10_val would then fail the fit
+    with a traceback: a smoke test with a few steps must end like any other fit, with a best checkpoint."""
+    main(["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--data.batch_size=1", "--data.num_hard_negatives=0",
+          "--data.num_negatives=1", "--trainer.accumulate_grad_batches=1", "--trainer.max_steps=2"])
+    (metrics,) = in_tmp.glob("lightning_logs/retrieval/version_*/metrics.csv")
+    rows = list(csv.DictReader(metrics.open()))
+    assert max(int(row["step"]) for row in rows if row.get("loss_train_step")) == 1  # steps 0 and 1 of epoch 0 (4 batches)
+    (validated,) = [row for row in rows if row.get("Recall@10_val")]
+    assert int(validated["epoch"]) == 0
+    assert [p.name for p in in_tmp.glob("checkpoints/retrieval/epoch=0-*.ckpt")]

@@ -94,6 +94,14 @@ class ProgressiveTraining(Callback):
                      "start afresh for this fit's validation split", trainer.global_rank)
         self._restored_key = None
 
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        """A fit that `trainer.max_steps` ends mid-epoch validates its last step, as one that early stopping ends
+        does: Lightning validates only at an epoch's end, so checkpoint selection, EarlyStopping (which refuses a
+        missing metric) and `test_after_fit` would otherwise have nothing to go on."""
+        if 0 <= trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
 
 def validation_key(datamodule: Any) -> str | None:
     """Identifies what a fit validates on (the val split's states and the premises); None without such data."""
