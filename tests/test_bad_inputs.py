@@ -142,13 +142,24 @@ def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_data
 
 
 @pytest.mark.parametrize("name", ["val", "test"])
-@pytest.mark.parametrize("content, fragment", [("[]", "no tactic states to evaluate"), (None, "split not found")],
-                         ids=["empty", "missing"])
+@pytest.mark.parametrize("content, fragment", [("[]", "no tactic states to evaluate"), (None, "split not found"),
+                                               ("outside", "none of its 2 tactic states has a premise annotation found")],
+                         ids=["empty", "missing", "no-positive-in-the-corpus"])
 def test_a_bad_evaluation_split_is_refused_before_training(capsys, in_tmp, toy_dataset, monkeypatch, name, content, fragment):
+    import json
+
     import leanagent.models.retriever as retriever
 
     split = toy_dataset / "random" / f"{name}.json"
-    split.write_text(content) if content is not None else split.unlink()
+    if content == "outside":  # two states (one more than some splits have), whose premises another corpus holds
+        theorems = json.loads(split.read_text())
+        theorems[0]["traced_tactics"] = [theorems[0]["traced_tactics"][0]] * 2
+        for tactic in theorems[0]["traced_tactics"]:
+            for provenance in tactic["annotated_tactic"][1]:
+                provenance["def_path"] = "Elsewhere.lean"
+        split.write_text(json.dumps(theorems))
+    else:
+        split.write_text(content) if content is not None else split.unlink()
     mined = []
     monkeypatch.setattr(retriever, "mine_with_start_encoder", lambda module: mined.append(module))
     one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--test_after_fit=true"],

@@ -101,3 +101,14 @@ def warn_unresolved(states: TacticStates, what: str) -> None:
         log.warning(
             "%s: skipped %d premise annotation(s) that point outside the corpus", what, states.unresolved
         )
+
+
+def require_positives(states: TacticStates, split_file: str | os.PathLike, corpus_source: str | os.PathLike) -> None:
+    """An evaluated split none of whose states names a premise of the corpus scores 0 for any model: checkpoint
+    selection, early stopping and hybrid's weight would run on zeros, so it is refused instead."""
+    if len(states) and not any(states.positives):
+        outside = f"; {states.unresolved} annotation(s) point outside it" if states.unresolved else ""
+        raise LeanAgentError(
+            f"{split_file}: none of its {len(states)} tactic states has a premise annotation found in the corpus "
+            f"{corpus_source}{outside}, so every Recall@k would be 0: is the corpus the one traced with this split?"
+        )

@@ -25,7 +25,7 @@ from leanagent.data.datasets import EvalStates, TrainingPairs
 from leanagent.data.hard_negatives import shared_hard_negatives
 from leanagent.data.negatives import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
-from leanagent.corpus.tactics import TacticStates, load_tactic_states, warn_unresolved
+from leanagent.corpus.tactics import TacticStates, load_tactic_states, require_positives, warn_unresolved
 from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
 from leanagent.models.data_contract import OrdersTraining, Ranker, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
@@ -359,11 +359,14 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         )
 
     def check_split(self, split: str) -> TacticStates:
-        """The split's tactic states, or one error naming its file if there are none to evaluate."""
+        """The split's tactic states, or one error naming its file if there are none to evaluate, or (val and
+        test) none with a premise of the corpus to find."""
         states = self.states(split)
         if len(states) == 0:
             where = self.data_path / f"{split}.json" if split != "predict" else f"data.predict_splits {self.predict_splits}"
             raise LeanAgentError(f"{where}: no tactic states to evaluate")
+        if split != "predict":
+            require_positives(states, self.data_path / f"{split}.json", self.corpus_path)
         return states
 
     def eval_dataloader(self, split: str) -> DataLoader:

@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from leanagent.corpus.tactics import read_theorems
+from leanagent.corpus.corpus import Corpus
+from leanagent.corpus.tactics import load_tactic_states, read_theorems, require_positives
 from leanagent.errors import LeanAgentError
 from leanagent.io import write_json
 
@@ -117,8 +118,9 @@ def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
 
 def check_splits(repos: dict[str, Path], split: str) -> dict[str, dict[str, list[dict]]]:
     """Each repository needs traced theorems in train (its stage's fit), val (the checkpoint and hybrid's weight)
-    and test (its column of the matrix): a repository without them is refused before the first stage, not
-    when its own stage comes. Returns what it read, for the curriculum."""
+    and test (its column of the matrix), and val and test need premises of the repository's corpus to find: a
+    repository without them is refused before the first stage, not when its own stage comes. Returns what it
+    read, for the curriculum."""
     loaded = {}
     for name, root in repos.items():
         loaded[name] = read_splits(name, root, split)
@@ -127,6 +129,10 @@ def check_splits(repos: dict[str, Path], split: str) -> dict[str, dict[str, list
                 raise LeanAgentError(
                     f"{root / split / part}.json: repository {name!r} has no theorem with traced tactics in its {part} split"
                 )
+        corpus = Corpus.from_jsonl(root / "corpus.jsonl")
+        for part in ("val", "test"):
+            path = root / split / f"{part}.json"
+            require_positives(load_tactic_states(path, corpus), path, corpus.source)
     return loaded
 
 

@@ -12,7 +12,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.lifelong.commands import format_table, parse_ablation, parse_lifelong
 from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories, split_bundled
 from leanagent.lifelong.settings import settings_fingerprint
-from tests.conftest import BUNDLED, REPO, config_args, shared_data, tactic, theorem, toy_corpus, write_dataset
+from tests.conftest import BUNDLED, REPO, config_args, premise, shared_data, tactic, theorem, toy_corpus, write_dataset
 
 
 def test_bundled_split_keeps_every_theorem_once_with_its_split(tmp_path):
@@ -45,23 +45,29 @@ def test_data_root_repositories_must_exist(tmp_path):
         resolve_repositories(Repositories(data_root=str(tmp_path), names=["missing"], bundled=None), tmp_path)
 
 
-@pytest.mark.parametrize("content", [[], [{"full_name": "t", "traced_tactics": []}]], ids=["empty", "untraced"])
-def test_a_repository_without_val_theorems_is_refused_before_any_stage(tmp_path, content):
+NO_TRACES = "repository 'bad' has no theorem with traced tactics"
+
+
+@pytest.mark.parametrize("content, fragment", [
+    ([], NO_TRACES), ([{"full_name": "t", "traced_tactics": []}], NO_TRACES),
+    ([theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "none of its 1 tactic states has a premise"),
+], ids=["empty", "untraced", "premises-outside-the-corpus"])
+def test_a_repository_without_val_theorems_is_refused_before_any_stage(tmp_path, content, fragment):
     from leanagent.lifelong.runner import LifelongRun
     from leanagent.lifelong.settings import LifelongSettings
 
-    corpus = [{"path": "A.lean", "imports": [], "premises": []}]
-    traced = [theorem("A.lean", "t", 1, [tactic("s", [])])]
+    corpus = [{"path": "A.lean", "imports": [], "premises": [premise("p", 1, 2)]}]
+    traced = [theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])])]
     for name in ("good", "bad"):
         write_dataset(tmp_path / "data" / name, corpus, {"train": traced, "val": traced, "test": traced})
     (tmp_path / "data" / "bad" / "random" / "val.json").write_text(json.dumps(content))
     spec = Repositories(data_root=str(tmp_path / "data"), names=["good", "bad"], bundled=None)
     repos = resolve_repositories(spec, tmp_path)
     assert list(check_splits({"good": repos["good"]}, "random")["good"]["val"]) == traced
-    with pytest.raises(LeanAgentError, match=r"bad/random/val.json: repository 'bad' has no theorem with traced tactics"):
+    with pytest.raises(LeanAgentError, match=f"bad/random/val.json: {fragment}"):
         check_splits(repos, "random")
     out = tmp_path / "out"
-    with pytest.raises(LeanAgentError, match=r"bad/random/val.json: repository 'bad'"):
+    with pytest.raises(LeanAgentError, match=f"bad/random/val.json: {fragment}"):
         LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec)).run()
     assert not out.exists()  # refused before anything is written
 
@@ -210,8 +216,8 @@ def test_a_bundled_dataset_refused_before_stage_0_leaves_no_output_dir(tmp_path)
     from leanagent.lifelong.runner import LifelongRun
     from leanagent.lifelong.settings import LifelongSettings
 
-    corpus = [{"path": p, "imports": [], "premises": []} for p in ("P/A/x.lean", "P/B/y.lean")]
-    traced = lambda path, name: theorem(path, name, 1, [tactic("s", [])])
+    corpus = [{"path": p, "imports": [], "premises": [premise("p", 1, 2)]} for p in ("P/A/x.lean", "P/B/y.lean")]
+    traced = lambda path, name: theorem(path, name, 1, [tactic("s", [(path, "p")])])
     root = write_dataset(tmp_path / "d", corpus, {"train": [traced("P/A/x.lean", "a"), traced("P/B/y.lean", "b")],
                                                   "val": [traced("P/A/x.lean", "a2")], "test": [traced("P/A/x.lean", "a3")]})
     out = tmp_path / "results" / "out"
@@ -222,8 +228,8 @@ def test_a_bundled_dataset_refused_before_stage_0_leaves_no_output_dir(tmp_path)
 
 
 def _two_repositories(root: Path) -> Repositories:
-    corpus = [{"path": "A.lean", "imports": [], "premises": []}]
-    traced = [theorem("A.lean", "t", 1, [tactic("s", [])])]
+    corpus = [{"path": "A.lean", "imports": [], "premises": [premise("p", 1, 2)]}]
+    traced = [theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])])]
     for name in ("one", "two"):
         write_dataset(root / name, corpus, {"train": traced, "val": traced, "test": traced})
     return Repositories(data_root=str(root), names=["one", "two"], bundled=None)
