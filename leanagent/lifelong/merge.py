@@ -9,7 +9,9 @@ Corpus (``corpus.jsonl``)
     written once as the first source has it. If records for a path differ, the merged
     record has the union of imports (first record's order, new ones appended) and the
     union of premises, deduplicated by (path, full_name) with the first occurrence winning,
-    stably sorted by ``start`` position. Other keys come from the first record.
+    stably sorted by ``start`` position. Other keys come from the first record. Premises that
+    every reader skips, as ReProver's loader does (a null ``full_name``, ...), are not checked
+    and are left out of such a union.
   * Every import must name a file of the merged corpus and imports must not form a
     cycle; otherwise LeanAgentError names the corpus line that lists the offending import.
   * Files are written in topological order (imports first); among files whose imports are
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from leanagent.corpus.corpus import skip_reason
 from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.corpus.tactics import read_theorems
 from leanagent.errors import LeanAgentError
@@ -95,6 +98,8 @@ def _check_corpus_record(rec: Any, where: str) -> None:
     if not isinstance(premises, list):
         raise LeanAgentError(f"{where}: 'premises' of {rec['path']} must be a list")
     for k, p in enumerate(premises):
+        if isinstance(p, dict) and skip_reason(p.get("full_name"), p.get("code")) is not None:
+            continue  # every reader skips it, as ReProver's loader does (a null full_name, ...)
         if not isinstance(p, dict) or not isinstance(p.get("full_name"), str) or not _position(p.get("start")):
             raise LeanAgentError(
                 f"{where}: premise #{k} of {rec['path']} needs a string 'full_name' and a [line, col] 'start'"
@@ -123,6 +128,8 @@ def _read_corpora(sources: list[Path]) -> dict[str, _File]:
                     seen.imports.append(imp)
                     seen.import_origin[imp] = where
             for p in rec["premises"]:
+                if skip_reason(p.get("full_name"), p.get("code")) is not None:
+                    continue  # left out of a rebuilt record; a record written as it came keeps it
                 if p["full_name"] in seen.premises:
                     seen.rebuild = True
                 else:

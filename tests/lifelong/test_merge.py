@@ -292,3 +292,20 @@ def test_an_output_folder_on_a_symlink_loop_is_one_error(tmp_path):
     loop.symlink_to(loop)
     with pytest.raises(LeanAgentError, match="loop: cannot resolve the path"):
         merge_datasets([BUNDLED], loop, split="random")
+
+
+def test_premises_every_reader_skips_pass_through_a_merge(tmp_path):
+    """Real LeanDojo corpora hold premises that ReProver's loader skips (a null full_name); fit reads such a
+    corpus with a warning, so merge takes it too."""
+    from leanagent.corpus.corpus import Corpus
+
+    null = {"full_name": None, "code": "x", "start": [9, 1], "end": [9, 2], "kind": "x"}
+    a = write_dataset(tmp_path / "a", [corpus_file("A.lean", [], [premise("a1", 1), null]),
+                                       corpus_file("B.lean", [], [null])], {"random": {}})
+    b = write_dataset(tmp_path / "b", [corpus_file("A.lean", [], [premise("a2", 2), null])], {"random": {}})
+    stats = merge_datasets([a, b], tmp_path / "m", split="random")
+    corpus, _ = read_merged(tmp_path / "m")
+    assert names(corpus[0]["premises"]) == ["a1", "a2"]  # A.lean differs between the sources: rebuilt
+    assert corpus[1]["premises"] == [null]  # B.lean is written as it came
+    assert stats.premises == 2
+    assert sorted(Corpus.from_jsonl(tmp_path / "m" / "corpus.jsonl").names) == ["a1", "a2"]
