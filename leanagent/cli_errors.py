@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from leanagent.errors import LeanAgentError
+from leanagent.errors import DISK_ERRNOS, LeanAgentError, write_failed
 
 # Configs that overlays replaced: what to give instead (shown when the old path no longer exists).
 REPLACED_CONFIGS = {
@@ -93,6 +93,8 @@ def user_error(error: BaseException | None) -> LeanAgentError | None:
     while error is not None and id(error) not in seen:
         if isinstance(error, LeanAgentError):
             return error
+        if isinstance(error, OSError) and error.errno in DISK_ERRNOS:  # a full disk anywhere: logs, outputs, /tmp
+            return write_failed(error)
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None

@@ -1,4 +1,8 @@
-"""The one exception type a user can cause; the CLI turns it into a one-line error and exit code 2."""
+"""The exception types the CLI turns into one `error:` line: exit 2 for bad input, 1 for a disk that refuses a file."""
+
+from __future__ import annotations
+
+import errno
 
 
 class LeanAgentError(Exception):
@@ -8,3 +12,22 @@ class LeanAgentError(Exception):
 class ReportedError(LeanAgentError):
     """A child command (a lifelong stage) refused its input and printed its own `error:` line; the parent says
     where to look without a second `error:` line, and exits with the same code."""
+
+
+# The disk, not the input: a full disk, a quota, a read-only mount.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+class WriteFailed(LeanAgentError):
+    """The disk refused a file we write. Not the user's input, so exit 1, not 2; the writers remove their
+    temporary files, and what was written before (an earlier checkpoint) is left as it was."""
+
+    exit_code = 1
+
+
+def write_failed(error: OSError, target: str | None = None, note: str = "") -> WriteFailed:
+    """One line naming the file being written; `target` when the failing call named only a staging file."""
+    names = [str(n) for n in (error.filename2, error.filename) if n]
+    name = target or (names[0] if names else "a file")
+    reason = error.strerror or type(error).__name__
+    return WriteFailed(f"cannot write {name}: {reason}{note}; free space (or make it writable) and rerun")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from lightning_fabric.utilities.cloud_io import get_filesystem
 from pytorch_lightning.callbacks import ModelCheckpoint as LightningModelCheckpoint
 
 from leanagent import compat
-from leanagent.errors import LeanAgentError
+from leanagent.errors import DISK_ERRNOS, LeanAgentError, write_failed
 
 log = logging.getLogger("leanagent")
 
@@ -63,9 +64,18 @@ class ModelCheckpoint(LightningModelCheckpoint):
             return super()._save_checkpoint(trainer, filepath)
         target = Path(filepath)
         tmp = str(target.with_name(f".{target.name}.tmp"))  # the same name on every rank; rank 0 writes it
-        super()._save_checkpoint(trainer, tmp)
-        if trainer.is_global_zero:
-            os.replace(tmp, target)
+        try:
+            super()._save_checkpoint(trainer, tmp)
+            if trainer.is_global_zero:
+                os.replace(tmp, target)
+        except OSError as e:
+            if trainer.is_global_zero:
+                Path(tmp).unlink(missing_ok=True)
+            if e.errno not in DISK_ERRNOS:
+                raise
+            # Lightning stages the file in the temporary folder first, so a full /tmp fails here too.
+            raise write_failed(e, filepath, f" (a checkpoint is first written in {tempfile.gettempdir()}, then here); "
+                                            "the checkpoints written before it are as they were") from e
         compat.record_checkpoint_saved(self, str(target))
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

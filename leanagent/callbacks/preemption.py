@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -130,9 +131,14 @@ class PreemptionCheckpoint(Callback):
             return callback.last_model_path
         path = os.path.join(trainer.default_root_dir, "preempted.ckpt")
         tmp = path + ".tmp"
-        trainer.save_checkpoint(tmp)
-        if trainer.is_global_zero:
-            os.replace(tmp, path)
+        try:
+            trainer.save_checkpoint(tmp)
+            if trainer.is_global_zero:
+                os.replace(tmp, path)
+        except OSError:
+            if trainer.is_global_zero:
+                Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
 

@@ -53,8 +53,12 @@ def dump_flight_recorder(folder: Path, rank: int) -> Path | None:
             return None
         path = folder / f"flight-recorder-rank{rank}.json"
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(compat.flight_recorder_json())
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(compat.flight_recorder_json())
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
     except Exception as e:  # a torch without the recorder, or a recorder that is off
         log.debug("flight recorder dump failed: %s", e)

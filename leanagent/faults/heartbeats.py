@@ -82,8 +82,12 @@ def _rank0_log_dir(trainer: pl.Trainer) -> str | None:
 def write_json(path: Path, record: dict[str, Any]) -> None:
     """Write + rename, so that a reader never sees half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no empty temporary file behind
+        raise
 
 
 class Heartbeat:
