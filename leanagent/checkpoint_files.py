@@ -8,6 +8,7 @@ the next one (progressive training), and the learning-rate schedule spans exactl
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,10 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
         raise LeanAgentError(
             f"{what}: {p} is not a loadable weights-only checkpoint ({type(e).__name__}: {first})"
         ) from None
+    damaged = _damaged_entry(p)
+    if damaged is not None:
+        raise LeanAgentError(f"{what}: {p} is not a loadable weights-only checkpoint (damaged: {damaged}; "
+                             "a partial copy or a disk error)")
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise LeanAgentError(f"{what}: {p} is not a Lightning checkpoint (no state_dict)")
     for name, tensor in checkpoint["state_dict"].items() if isinstance(checkpoint["state_dict"], dict) else ():
@@ -58,6 +63,20 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
         if key in checkpoint and (not isinstance(value, kind) or isinstance(value, bool)):
             raise LeanAgentError(f"{what}: {p}: '{key}' is a {type(value).__name__}, not a {kind.__name__}")
     return checkpoint
+
+
+def _damaged_entry(path: Path) -> str | None:
+    """What of a torch zip checkpoint fails its CRC. A memory-mapped load reads tensors without checking them,
+    so bytes damaged mid-file would otherwise load as wrong weights, or fail later inside Lightning's restore.
+    Reads the file once; a legacy (non-zip) file has no checksums to check."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None if bad is None else f"the bytes of {bad} do not match their checksum"
 
 
 def check_resumable(checkpoint: dict[str, Any], path: str | os.PathLike) -> None:

@@ -168,6 +168,7 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Write to a temporary file beside `path` and rename it into place only if the block succeeds."""
     target = Path(path)
+    created = missing_folders(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
@@ -179,21 +180,34 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         _publish(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        remove_empty_folders(created)
         raise
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """For writers that take a file name (safetensors, matplotlib): `write(tmp_path)` then rename."""
     target = Path(path)
+    created = missing_folders(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
         _publish(tmp, target)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        remove_empty_folders(created)
+        code = _os_error_code(e)
+        if code is not None:  # safetensors reports a full disk as "I/O error: ... (os error 28)", not as an OSError
+            raise OSError(code, os.strerror(code), str(target)) from e
         raise
+
+
+def _os_error_code(error: BaseException) -> int | None:
+    if isinstance(error, OSError):
+        return None  # already what the CLI reads
+    found = re.search(r"\(os error (\d+)\)", str(error))
+    return int(found.group(1)) if found else None
 
 
 def write_csv(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:

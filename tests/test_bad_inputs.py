@@ -91,11 +91,15 @@ def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, monkeypatch, se
 
 
 @pytest.mark.parametrize("command", ["fit", "validate"])
-@pytest.mark.parametrize("kind", ["truncated", "random-bytes", "pickle-payload"])
+@pytest.mark.parametrize("kind", ["truncated", "damaged-mid-file", "random-bytes", "pickle-payload"])
 def test_damaged_or_unsafe_checkpoints_are_refused_without_running_them(capsys, in_tmp, toy_dataset, retriever_checkpoint, command, kind):
     bad = in_tmp / "bad.ckpt"
     if kind == "truncated":
         bad.write_bytes(retriever_checkpoint.read_bytes()[:2000])
+    elif kind == "damaged-mid-file":  # a disk error or a bad copy: every zip header intact, tensor bytes changed
+        content = bytearray(retriever_checkpoint.read_bytes())
+        content[len(content) // 2: len(content) // 2 + 64] = b"\x7f" * 64
+        bad.write_bytes(bytes(content))
     elif kind == "random-bytes":
         bad.write_bytes(bytes(range(256)) * 40)
     else:

@@ -63,3 +63,20 @@ def test_an_output_the_disk_refuses_is_one_error_and_writes_nothing(tmp_path, to
     (line,) = error_lines(capsys)
     assert line.startswith("error: cannot write ") and "No space left on device" in line, line
     assert not out.exists() and not list((tmp_path / "out").iterdir())
+
+
+def test_a_writer_that_reports_a_full_disk_in_its_own_words_still_names_the_file(tmp_path):
+    """safetensors says "I/O error: No space left on device (os error 28)" in an error of its own type."""
+    from safetensors import SafetensorError
+
+    from leanagent.io import atomic_write
+
+    def save(path: str) -> None:
+        Path(path).write_bytes(b"\0" * 8)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    target = tmp_path / "new" / "fisher.safetensors"
+    with pytest.raises(OSError) as failed:
+        atomic_write(target, save)
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(target)
+    assert not (tmp_path / "new").exists()

@@ -71,6 +71,20 @@ def test_damaged_and_foreign_files_are_refused(tiny_weights, tmp_path):
         PremiseRetriever(model_name="byt5-tiny", init_from="nothing-here")
 
 
+def test_a_shipped_file_damaged_mid_file_is_refused(tmp_path, monkeypatch):
+    """Bytes changed inside a tensor keep a valid safetensors file: only the record's SHA-256 tells."""
+    import leanagent.pretrained as pretrained
+
+    record = json.loads((SHIPPED_DIR / "leanagent-base.json").read_text())
+    (tmp_path / "leanagent-base.json").write_text(json.dumps(record))
+    content = bytearray((SHIPPED_DIR / "leanagent-base.safetensors").read_bytes())
+    content[-4096:-4032] = b"\x3f" * 64  # inside the last tensor: finite floats, a valid file
+    (tmp_path / "leanagent-base.safetensors").write_bytes(bytes(content))
+    monkeypatch.setattr(pretrained, "SHIPPED_DIR", tmp_path)
+    with pytest.raises(LeanAgentError, match=r"leanagent-base.safetensors is damaged: its SHA-256 is"):
+        PremiseRetriever(model_name=record["model_name"], init_from="leanagent-base")
+
+
 def test_the_shipped_retriever_loads_by_name_offline_and_says_how_it_was_made():
     assert "leanagent-base" in shipped_names()
     record = json.loads((SHIPPED_DIR / "leanagent-base.json").read_text())

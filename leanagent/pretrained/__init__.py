@@ -8,6 +8,8 @@ trained: the command, the data fingerprints and what it measured. Configs start 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -41,6 +43,27 @@ def resolve(init_from: str, relative_to: Path | None = None) -> Path:
         f"model.init_from: '{init_from}' is neither a shipped retriever ({', '.join(shipped_names()) or 'none installed'}) "
         "nor an existing .safetensors or .ckpt file"
     )
+
+
+def check_shipped_file(path: Path) -> None:
+    """A shipped file must be the bytes its record names: safetensors has no checksum of its own, so a damaged
+    copy would load as other weights without a word."""
+    record_path = path.with_suffix(".json")
+    if path.parent != SHIPPED_DIR or not record_path.is_file():
+        return
+    try:
+        expected = json.loads(record_path.read_text(encoding="utf-8")).get("weights_sha256")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+        raise LeanAgentError(f"model.init_from: {record_path} is not a readable record ({type(e).__name__})") from None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if expected is not None and digest.hexdigest() != expected:
+        raise LeanAgentError(
+            f"model.init_from: {path} is damaged: its SHA-256 is {digest.hexdigest()[:16]}..., {record_path.name} "
+            f"records {str(expected)[:16]}... (restore it: git checkout -- {path.name}, or reinstall the project)"
+        )
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], str | None]:
@@ -77,6 +100,7 @@ def load_encoder(
     which a checkpoint holds too.
     """
     path = resolve(init_from)
+    check_shipped_file(path)
     tensors, saved_name = read_weights(path)
     tensors = {name: t for name, t in tensors.items() if name in expected or name not in aliases}
     if saved_name is not None and saved_name != model_name:
