@@ -300,14 +300,14 @@ def test_a_rerun_in_a_folder_with_checkpoints_says_once_what_it_does(toy_dataset
     from leanagent.data.datamodule import RetrievalDataModule
     from leanagent.models.retriever import PremiseRetriever
 
-    def fit() -> None:
+    def fit(ckpt_path: Path | None = None) -> None:
         model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=0)
         data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
                                    max_seq_len=32, batch_size=4, num_hard_negatives=0)
-        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, limit_val_batches=0,
-                             enable_progress_bar=False, enable_model_summary=False,
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1 if ckpt_path is None else 2, logger=False,
+                             limit_val_batches=0, enable_progress_bar=False, enable_model_summary=False,
                              callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpts", save_last=True)])
-        trainer.fit(model, datamodule=data)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
 
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
@@ -320,9 +320,11 @@ def test_a_rerun_in_a_folder_with_checkpoints_says_once_what_it_does(toy_dataset
         fit()
         assert not [r for r in records if "earlier fit" in r.getMessage()]
         fit()
+        fit(tmp_path / "ckpts" / "last.ckpt")
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
     said = [r.getMessage() for r in records if "earlier fit" in r.getMessage()]
-    assert len(said) == 1 and "starts afresh" in said[0] and "last.ckpt" in said[0]
+    assert len(said) == 2 and "starts afresh" in said[0] and "last.ckpt" in said[0]
+    assert f"resumes from {tmp_path / 'ckpts' / 'last.ckpt'}" in said[1], said[1]
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]

@@ -40,9 +40,14 @@ class ModelCheckpoint(LightningModelCheckpoint):
             # Lightning's "Checkpoint directory ... exists and is not empty" says nothing about what happens; we do, below.
             warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
             super().setup(trainer, pl_module, stage)
-        if stage != "fit" or not trainer.is_global_zero or not self.dirpath or not os.path.isdir(self.dirpath):
-            return
-        earlier = sorted(p.name for p in Path(self.dirpath).glob("*.ckpt"))
+        self._earlier = []
+        if stage == "fit" and trainer.is_global_zero and self.dirpath and os.path.isdir(self.dirpath):
+            self._earlier = sorted(p.name for p in Path(self.dirpath).glob("*.ckpt"))
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Said here, not in setup: Lightning sets `trainer.ckpt_path` when it restores, after setup."""
+        super().on_fit_start(trainer, pl_module)
+        earlier = getattr(self, "_earlier", [])
         if earlier:
             resumed = trainer.ckpt_path is not None
             log.info(
