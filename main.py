@@ -1,6 +1,6 @@
 """Entry point: `python main.py {fit,validate,test,predict} --config configs/<name>.yaml`."""
 
-from leanagent.cli import main
+from leanagent.entry import run
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -1,5 +1,5 @@
 """`python -m leanagent ...` is `python main.py ...`; lifelong runs launch their stages this way."""
 
-from leanagent.cli import main
+from leanagent.entry import run
 
-main()
+run()

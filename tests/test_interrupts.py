@@ -42,3 +42,30 @@ def test_a_handler_installed_inside_takes_over_until_it_restores_ours():
         time.sleep(0.1)
         signal.signal(signal.SIGTERM, ours)
     assert seen == [signal.SIGTERM]
+
+
+def _loading_torch(pid: int) -> bool:
+    """Whether the process has mapped torch's library (Linux: /proc/PID/maps): it is inside our imports."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any("libtorch" in line for line in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to see when torch is loading")
+def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
+    """Python is up and torch and Lightning are loading: no KeyboardInterrupt traceback."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    process = subprocess.Popen([sys.executable, str(REPO / "main.py"), "fit", "--config", str(REPO / "configs/retrieval.yaml")],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not _loading_torch(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err[-2000:]
+    assert list(tmp_path.iterdir()) == []
