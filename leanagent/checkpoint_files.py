@@ -30,9 +30,12 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
         raise LeanAgentError(f"{what}: checkpoint not found: {p}")
     try:
         with open(p, "rb") as f:
-            f.read(1)
+            head = f.read(16)
     except OSError as e:
         raise LeanAgentError(f"{what}: {p}: cannot read ({e.strerror or type(e).__name__})") from None
+    if not head.startswith((b"PK", b"\x80")):  # torch writes a zip archive; its legacy format is a pickle
+        raise LeanAgentError(f"{what}: {p} is not a loadable weights-only checkpoint (not a torch file: it starts "
+                             f"with {head[:8]!r})")
     try:
         try:
             checkpoint = torch.load(p, map_location="cpu", weights_only=True, mmap=True)

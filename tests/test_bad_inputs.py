@@ -91,7 +91,7 @@ def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, monkeypatch, se
 
 
 @pytest.mark.parametrize("command", ["fit", "validate"])
-@pytest.mark.parametrize("kind", ["truncated", "damaged-mid-file", "random-bytes", "pickle-payload"])
+@pytest.mark.parametrize("kind", ["truncated", "damaged-mid-file", "random-bytes", "text", "pickle-payload"])
 def test_damaged_or_unsafe_checkpoints_are_refused_without_running_them(capsys, in_tmp, toy_dataset, retriever_checkpoint, command, kind):
     bad = in_tmp / "bad.ckpt"
     if kind == "truncated":
@@ -102,6 +102,8 @@ def test_damaged_or_unsafe_checkpoints_are_refused_without_running_them(capsys, 
         bad.write_bytes(bytes(content))
     elif kind == "random-bytes":
         bad.write_bytes(bytes(range(256)) * 40)
+    elif kind == "text":
+        bad.write_text("epoch=3\n")
     else:
         class Payload:
             def __reduce__(self):
@@ -109,7 +111,7 @@ def test_damaged_or_unsafe_checkpoints_are_refused_without_running_them(capsys, 
 
         torch.save({"state_dict": {}, "hyper_parameters": Payload()}, bad)
     one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={bad}"],
-              "bad.ckpt", "not a loadable weights-only checkpoint")
+              "bad.ckpt", "not a loadable weights-only checkpoint", *(["not a torch file"] if kind == "text" else []))
     assert not (in_tmp / "payload-ran").exists()
     assert not (in_tmp / "checkpoints").exists()
 
