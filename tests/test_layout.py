@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("data",),
     ("callbacks",),
     ("lifelong",),
-    ("cli", "cli_config", "__main__"),
+    ("cli", "cli_config", "entry", "__main__"),
 ]
 MAX_LINES = 400
 
