@@ -44,6 +44,10 @@ def test_a_handler_installed_inside_takes_over_until_it_restores_ours():
     assert seen == [signal.SIGTERM]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _loading_torch(pid: int) -> bool:
     """Whether the process has mapped torch's library (Linux: /proc/PID/maps): it is inside our imports."""
     with open(f"/proc/{pid}/maps") as maps:
@@ -59,7 +63,8 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
     from tests.conftest import REPO
 
     process = subprocess.Popen([sys.executable, str(REPO / "main.py"), "fit", "--config", str(REPO / "configs/retrieval.yaml")],
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_default_sigint)  # as in a terminal: pytest-xdist's workers ignore SIGINT
     deadline = time.monotonic() + 30
     while not _loading_torch(process.pid) and time.monotonic() < deadline:
         time.sleep(0.005)
