@@ -74,3 +74,27 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
     assert "Traceback" not in err, err[-2000:]
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err[-2000:]
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # a real benchmark process, evaluating
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_benchmark_stops_on_a_signal_at_once_with_one_line(signum, retriever_checkpoint, mini_dataset):
+    """`kill PID` inside an evaluation: Lightning's handler alone only set a flag and the benchmark went on."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    args = [sys.executable, "-m", "benchmarks.retrieval_table", str(retriever_checkpoint), *[str(mini_dataset)] * 4]
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=_default_sigint)
+    first = process.stdout.readline()  # "batteries-mini test: N s ...": its first evaluation is done, 11 to go
+    assert " test: " in first, first + process.stderr.read()[-2000:]
+    process.send_signal(signum)
+    started = time.monotonic()
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, err[-2000:]
+    assert time.monotonic() - started < 30, "it finished its evaluations instead of stopping"
+    assert "Traceback" not in err, err[-2000:]
+    assert [line for line in err.splitlines() if line.startswith("error")] == [
+        f"error: the benchmark stopped by {signal.Signals(signum).name}; run the same command again"], err[-2000:]
