@@ -151,27 +151,38 @@ def memory(pid: int) -> tuple[int, int | None, int | None]:
 
 def measure(cmd: list[str], cwd: Path, env: dict[str, str], interval: float, limit: float, log: Path) -> dict:
     start = time.monotonic()
-    peak = {"rss": 0, "pss": 0, "uss": 0, "procs": 0}
-    exceeded = False
+    peak = {"rss": 0, "pss": 0, "uss": 0, "procs": 0, "exceeded": False}
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        while proc.poll() is None:
-            pids = tree(proc.pid)
-            rss = pss = uss = 0
-            for p in pids:
-                r, ps, us = memory(p)
-                rss += r
-                pss += ps if ps is not None else r
-                uss += us if us is not None else r
-            peak["rss"], peak["pss"], peak["uss"] = max(peak["rss"], rss), max(peak["pss"], pss), max(peak["uss"], uss)
-            peak["procs"] = max(peak["procs"], len(pids))
-            if rss > limit:
-                exceeded = True
+        try:
+            _sample(proc, peak, limit, interval)
+        finally:
+            # The measured run has a session of its own, which a terminal's Ctrl-C does not reach: when the
+            # benchmark itself is stopped (SIGTERM, Ctrl-C, an error), the run goes with it.
+            if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-                break
-            time.sleep(interval)
-    return {**peak, "rc": proc.returncode, "exceeded": exceeded, "wall": time.monotonic() - start}
+    return {**peak, "rc": proc.returncode, "wall": time.monotonic() - start}
+
+
+def _sample(proc: subprocess.Popen, peak: dict, limit: float, interval: float) -> None:
+    """Sum the memory of `proc`'s tree every `interval` s into `peak` until it ends; kill it past `limit` bytes."""
+    while proc.poll() is None:
+        pids = tree(proc.pid)
+        rss = pss = uss = 0
+        for p in pids:
+            r, ps, us = memory(p)
+            rss += r
+            pss += ps if ps is not None else r
+            uss += us if us is not None else r
+        peak["rss"], peak["pss"], peak["uss"] = max(peak["rss"], rss), max(peak["pss"], pss), max(peak["uss"], uss)
+        peak["procs"] = max(peak["procs"], len(pids))
+        if rss > limit:
+            peak["exceeded"] = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return
+        time.sleep(interval)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -98,3 +98,47 @@ def test_a_benchmark_stops_on_a_signal_at_once_with_one_line(signum, retriever_c
     assert "Traceback" not in err, err[-2000:]
     assert [line for line in err.splitlines() if line.startswith("error")] == [
         f"error: the benchmark stopped by {signal.Signals(signum).name}; run the same command again"], err[-2000:]
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux: /proc/PID/task/*/children)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found += [int(c) for c in f.read().split()]
+    return found
+
+
+@pytest.mark.slow  # a real benchmark process and the fit it measures
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc to find the measured run")
+def test_the_memory_benchmark_takes_the_run_it_measures_with_it_when_stopped(tmp_path, mini_dataset):
+    """The measured `main.py fit` runs in a session of its own; a stopped benchmark left it running, orphaned."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    args = [sys.executable, "-m", "benchmarks.memory", "--datasets", str(mini_dataset), "--ranks", "1",
+            "--commands", "fit", "--workdir", str(tmp_path), "--train-batches", "100"]
+    process = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = None
+    try:
+        assert process.stdout.readline().startswith("running "), process.stderr.read()[-2000:]
+        deadline = time.monotonic() + 30
+        while not (children := _children(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "the benchmark started no run"
+        run = children[0]
+        time.sleep(2)  # the run is importing or fitting
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 128 + signal.SIGTERM, err[-2000:]
+        with pytest.raises(ProcessLookupError):
+            os.killpg(run, 0)  # nothing of the measured run's session is left
+    finally:
+        process.kill()
+        if run is not None:
+            try:
+                os.killpg(run, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
