@@ -157,8 +157,8 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str], interval: float, lim
         try:
             _sample(proc, peak, limit, interval)
         finally:
-            # The measured run has a session of its own, which a terminal's Ctrl-C does not reach: when the
-            # benchmark itself is stopped (SIGTERM, Ctrl-C, an error), the run goes with it.
+            # Past the limit, or when the benchmark itself is stopped (SIGTERM, Ctrl-C, an error): the run has a
+            # session of its own, which a terminal's Ctrl-C does not reach, so it is killed here.
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -166,7 +166,8 @@ def measure(cmd: list[str], cwd: Path, env: dict[str, str], interval: float, lim
 
 
 def _sample(proc: subprocess.Popen, peak: dict, limit: float, interval: float) -> None:
-    """Sum the memory of `proc`'s tree every `interval` s into `peak` until it ends; kill it past `limit` bytes."""
+    """Sum the memory of `proc`'s tree every `interval` s into `peak` until it ends or passes `limit` bytes
+    (`measure` then kills it)."""
     while proc.poll() is None:
         pids = tree(proc.pid)
         rss = pss = uss = 0
@@ -179,8 +180,6 @@ def _sample(proc: subprocess.Popen, peak: dict, limit: float, interval: float) -
         peak["procs"] = max(peak["procs"], len(pids))
         if rss > limit:
             peak["exceeded"] = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             return
         time.sleep(interval)
 

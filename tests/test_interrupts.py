@@ -92,7 +92,7 @@ def test_a_benchmark_stops_on_a_signal_at_once_with_one_line(signum, retriever_c
     assert " test: " in first, first + process.stderr.read()[-2000:]
     process.send_signal(signum)
     started = time.monotonic()
-    out, err = process.communicate(timeout=120)
+    _, err = process.communicate(timeout=120)
     assert process.returncode == 128 + signum, err[-2000:]
     assert time.monotonic() - started < 30, "it finished its evaluations instead of stopping"
     assert "Traceback" not in err, err[-2000:]
@@ -100,22 +100,14 @@ def test_a_benchmark_stops_on_a_signal_at_once_with_one_line(signum, retriever_c
         f"error: the benchmark stopped by {signal.Signals(signum).name}; run the same command again"], err[-2000:]
 
 
-def _children(pid: int) -> list[int]:
-    """The child processes of `pid` (Linux: /proc/PID/task/*/children)."""
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            found += [int(c) for c in f.read().split()]
-    return found
-
-
 @pytest.mark.slow  # a real benchmark process and the fit it measures
-@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc to find the measured run")
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux's /proc to find the measured run")
 def test_the_memory_benchmark_takes_the_run_it_measures_with_it_when_stopped(tmp_path, mini_dataset):
     """The measured `main.py fit` runs in a session of its own; a stopped benchmark left it running, orphaned."""
     import subprocess
     import sys
 
+    from benchmarks.memory import tree
     from tests.conftest import REPO
 
     args = [sys.executable, "-m", "benchmarks.memory", "--datasets", str(mini_dataset), "--ranks", "1",
@@ -125,10 +117,10 @@ def test_the_memory_benchmark_takes_the_run_it_measures_with_it_when_stopped(tmp
     try:
         assert process.stdout.readline().startswith("running "), process.stderr.read()[-2000:]
         deadline = time.monotonic() + 30
-        while not (children := _children(process.pid)) and time.monotonic() < deadline:
+        while not (descendants := tree(process.pid)[1:]) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert children, "the benchmark started no run"
-        run = children[0]
+        assert descendants, "the benchmark started no run"
+        run = descendants[0]  # its only child: the measured run leads its own session
         time.sleep(2)  # the run is importing or fitting
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=60)
