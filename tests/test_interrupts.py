@@ -76,6 +76,39 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to see when torch is loading")
+def test_ctrl_c_while_a_benchmark_loads_is_one_line():
+    """`python -m benchmarks.X` while torch loads, before the benchmark's own handlers: no traceback either."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    process = subprocess.Popen([sys.executable, "-m", "benchmarks.retrieval_table", "--help"], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+    deadline = time.monotonic() + 30
+    while not _loading_torch(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err, err[-2000:]
+    assert err.splitlines() == ["error: the benchmark stopped by SIGINT before it started; run the same command again"], err[-2000:]
+    assert "usage" not in out  # it stopped, rather than going on to print its help
+
+
+def test_importing_a_benchmark_keeps_the_callers_ctrl_c():
+    """Tests (and other code) import benchmarks: Ctrl-C there stays Python's KeyboardInterrupt."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = "import signal, benchmarks.arguments; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "True", result.stderr[-2000:]
+
+
 @pytest.mark.slow  # a real benchmark process, evaluating
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_benchmark_stops_on_a_signal_at_once_with_one_line(signum, retriever_checkpoint, mini_dataset):
