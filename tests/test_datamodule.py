@@ -197,3 +197,38 @@ def test_the_training_loader_follows_the_train_order_the_module_asks_for(toy_dat
     assert isinstance(resumed, EpochShuffledSampler) and (resumed.skip_epoch, resumed.skip) == (3, 2)  # 1 batch of 2 pairs
     default, _ = sampler(None)  # a module that states no order: shuffled from the start
     assert isinstance(default, EpochShuffledSampler) and default.skip == 0
+
+
+def test_batches_carry_bm25_scores_of_their_candidates_when_the_module_asks(mini_dataset):
+    from types import SimpleNamespace
+
+    from leanagent.models.data_contract import TrainOrder
+
+    class Module:
+        def __init__(self, bm25_scores: bool) -> None:
+            self.bm25_scores = bm25_scores
+
+        def train_order(self) -> TrainOrder:
+            return TrainOrder("shuffled", bm25_scores=self.bm25_scores)
+
+    def first_batch(bm25_scores: bool):
+        dm = datamodule(mini_dataset, batch_size=8, num_negatives=2, num_in_file_negatives=1)
+        dm.trainer = SimpleNamespace(lightning_module=Module(bm25_scores), world_size=1, global_rank=0)
+        return dm, next(iter(dm.train_dataloader()))
+
+    from leanagent.models.retriever import PremiseRetriever
+
+    assert PremiseRetriever("byt5-tiny", bm25_distillation=0.5).train_order().bm25_scores  # what the retriever asks
+    assert not PremiseRetriever("byt5-tiny").train_order().bm25_scores
+    _, plain = first_batch(False)
+    assert "bm25" not in plain
+    dm, batch = first_batch(True)
+    states = dm.states("train")
+    texts = [states.states[int(dm.train_pairs.pairs[i][0])] for i in batch["index"].tolist()]
+    full = dm.bm25_index.scores(texts)  # every premise; the batch holds the columns of its candidates
+    candidates = batch["cand_premises"]
+    assert batch["bm25"].shape == (len(texts), len(candidates))
+    for j, c in enumerate(candidates.tolist()):
+        expected = full[:, c] if c >= 0 else torch.zeros(len(texts))
+        assert torch.allclose(batch["bm25"][:, j], expected), (j, c)
+    assert (batch["bm25"] > 0).any()  # Batteries' states share identifiers with some premises

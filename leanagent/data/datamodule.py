@@ -268,14 +268,16 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
                                                  self.corpus_fingerprint, ranker_key=ranker_key)
 
     # Batches.
-    def collate_train(self, items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    def collate_train(self, items: list[dict[str, Any]], bm25_scores: bool = False) -> dict[str, torch.Tensor]:
         """Queries, then per item its positive followed by its negatives (-1 where none could be drawn).
 
         labels[i, j] is 1 when candidate j is any positive premise of query i, not only its own (ReProver).
+        With `bm25_scores`, `bm25[i, j]` is BM25's score of candidate j for query i (0 where j is padding).
         """
         states = np.asarray([it["state"] for it in items])
         candidates = np.stack([np.concatenate([[it["positive"]], it["negatives"]]) for it in items]).reshape(-1)
-        all_positives = self.states("train").positives_array()[states]
+        train = self.states("train")
+        all_positives = train.positives_array()[states]
         labels = (candidates[None, :, None] == all_positives[:, None, :]).any(-1) & (candidates[None, :] >= 0)
         query_ids, query_mask = self.state_tokens("train").gather(states)
         cand_ids, cand_mask = self.corpus_tokens.gather(candidates)
@@ -292,6 +294,8 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
             # from other ranks can be labelled too (leanagent/models/retriever.py, `share_candidates`).
             "cand_premises": torch.from_numpy(candidates),
             "query_positives": torch.from_numpy(all_positives),
+            **({"bm25": self.bm25_index.candidate_scores([train.states[i] for i in states], candidates)}
+               if bm25_scores else {}),
         }
 
     def _collate_eval(self, split: str, indices: list[int]) -> dict[str, torch.Tensor]:
@@ -340,6 +344,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         trainer = getattr(self, "trainer", None)
         module = getattr(trainer, "lightning_module", None)
         order = module.train_order() if isinstance(module, OrdersTraining) else TrainOrder()
+        collate = partial(self.collate_train, bm25_scores=order.bm25_scores)
         world_size, rank = self._world()
         if order.how != "shuffled":
             # single_pass: Lightning runs a collective every training step, so every rank needs as many
@@ -348,13 +353,13 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
             sampler = (UnpaddedDistributedSampler(self.train_pairs, world_size, rank, equal_length=True)
                        if order.how == "single_pass" else
                        DistributedSampler(self.train_pairs, num_replicas=world_size, rank=rank, shuffle=False))
-            return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collate_train,
+            return DataLoader(self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=collate,
                               num_workers=self.num_workers, worker_init_fn=ignore_stop_signals)
         sampler = EpochShuffledSampler(self.train_pairs, num_replicas=world_size, rank=rank, seed=self.seed)
         if order.resume is not None:
             sampler.skip_epoch, sampler.skip = order.resume[0], order.resume[1] * self.batch_size
         return ResumableLoader(
-            self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=self.collate_train,
+            self.train_pairs, batch_size=self.batch_size, sampler=sampler, collate_fn=collate,
             num_workers=self.num_workers, worker_init_fn=ignore_stop_signals, position=lambda: trainer.fit_loop.epoch_loop.batch_progress.current.processed,
         )
 

@@ -29,10 +29,13 @@ class TrainOrder:
     checkpoint, whose remaining batches come first. `in_order`: the dataset's order, every epoch
     (a quantity that depends on batch order stays reproducible). `single_pass`: each pair on
     exactly one rank, shards padded to equal length with copies marked `padding`.
+    `bm25_scores`: each batch also carries `bm25`, [B, C] BM25 scores of every query against every
+    candidate, for a loss that learns from BM25's ranking (`losses.bm25_distillation_loss`).
     """
 
     how: Literal["shuffled", "in_order", "single_pass"] = "shuffled"
     resume: tuple[int, int] | None = None
+    bm25_scores: bool = False
 
 
 @runtime_checkable

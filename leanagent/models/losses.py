@@ -34,6 +34,29 @@ def contrastive_loss(
 LOSSES = ("mse", "infonce")
 
 
+def bm25_distillation_loss(
+    similarity: torch.Tensor, bm25: torch.Tensor, valid: torch.Tensor,
+    temperature: float = 0.05, teacher_temperature: float = 0.1,
+) -> torch.Tensor:
+    """KL(teacher || encoder) over each query's valid candidates, the teacher being BM25's ranking of them.
+
+    Why: positives teach what premises of the training library mean; BM25's ranking teaches matching a
+    state's identifiers to a premise's, which holds in any library, so it is what transfers to a
+    repository the encoder never saw. The teacher is softmax(score / row max / teacher_temperature):
+    scale-free per query, its best candidate e^(1/teacher_temperature) times a candidate sharing no
+    term. The encoder's side is softmax(similarity / temperature), as in InfoNCE. Queries with no BM25
+    score above 0 have no teacher and are left out.
+    """
+    valid = valid.expand_as(similarity)
+    scores = bm25.to(torch.float32).masked_fill(~valid, 0.0)
+    row_max = scores.max(dim=1, keepdim=True).values
+    taught = row_max[:, 0] > 0
+    teacher = torch.softmax((scores / row_max.clamp(min=1e-12) / teacher_temperature).masked_fill(~valid, float("-inf")), dim=1)
+    student = torch.log_softmax((similarity.float() / temperature).masked_fill(~valid, float("-inf")), dim=1)
+    per_query = (teacher * (teacher.clamp(min=1e-12).log() - student.masked_fill(~valid, 0.0))).sum(dim=1)
+    return (per_query * taught).sum() / taught.sum().clamp(min=1)
+
+
 def stack_padded(*tables: torch.Tensor) -> torch.Tensor:
     """Rows of 2D tables one after the other, zero-padded on the right to the widest."""
     width = max(t.shape[1] for t in tables)
@@ -44,10 +67,15 @@ Encode = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (ids, mask) -> 
 Share = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def batch_loss(encode: Encode, batch: dict[str, torch.Tensor], loss: str = "mse", share: Share | None = None) -> torch.Tensor:
+def batch_loss(
+    encode: Encode, batch: dict[str, torch.Tensor], loss: str = "mse", share: Share | None = None,
+    bm25_distillation: float = 0.0,
+) -> torch.Tensor:
     """The in-batch loss: every query against every candidate of the batch (its own and the others').
 
     `share`, if given, widens the candidates beyond this batch (`share_candidates`: every rank's).
+    `bm25_distillation` > 0 adds that weight times `bm25_distillation_loss` over this batch's own
+    candidates (the batch's `bm25` scores).
     """
     # One call for both, so that queries and candidates of similar length share encoder chunks.
     ids = stack_padded(batch["query_ids"], batch["cand_ids"])  # 0 is ByT5's padding id
@@ -56,10 +84,13 @@ def batch_loss(encode: Encode, batch: dict[str, torch.Tensor], loss: str = "mse"
     num_queries = len(batch["query_ids"])
     queries, candidates = embeddings[:num_queries], embeddings[num_queries:]
     labels, valid = batch["labels"], batch["cand_valid"]
+    distillation = 0.0
+    if bm25_distillation > 0:
+        distillation = bm25_distillation * bm25_distillation_loss(queries @ candidates.T, batch["bm25"], valid[None, :])
     if share is not None:
         candidates, premises, valid = share(candidates, batch["cand_premises"], valid)
         labels = candidate_labels(batch["query_positives"], premises)
-    return contrastive_loss(queries @ candidates.T, labels, valid[None, :], loss)
+    return contrastive_loss(queries @ candidates.T, labels, valid[None, :], loss) + distillation
 
 
 def candidate_labels(query_positives: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

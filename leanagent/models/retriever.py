@@ -56,6 +56,7 @@ class PremiseRetriever(pl.LightningModule):
         retrieval: str = "hybrid",
         init_from: str | None = None,
         cross_rank_negatives: bool = False,
+        bm25_distillation: float = 0.0,
     ) -> None:
         """
         Args:
@@ -86,6 +87,9 @@ class PremiseRetriever(pl.LightningModule):
             cross_rank_negatives: with `infonce` under DDP, every rank's candidates as in-batch negatives
                 (`losses.share_candidates`). Off by default: on the bundled 4-rank job it left the dense
                 model weaker than in-batch negatives of its own rank (docs/measurements.md).
+            bm25_distillation: weight of a second loss that teaches the encoder BM25's ranking of each
+                batch's candidates (`losses.bm25_distillation_loss`): matching identifiers, which carries
+                over to repositories it never trained on. 0 disables it.
         """
         super().__init__()
         # LightningCLI lets a checkpoint's hyperparameters override the command line, so settings that
@@ -104,6 +108,8 @@ class PremiseRetriever(pl.LightningModule):
             raise LeanAgentError(f"model.length_bucket must be at least 1, got {length_bucket}")
         if not (chunk_cost >= 0 and math.isfinite(chunk_cost)):
             raise LeanAgentError(f"model.chunk_cost must be a non-negative number, got {chunk_cost}")
+        if not (bm25_distillation >= 0 and math.isfinite(bm25_distillation)):
+            raise LeanAgentError(f"model.bm25_distillation must be a non-negative number, got {bm25_distillation}")
         if retrieval not in RETRIEVAL_MODES:
             raise LeanAgentError(f"model.retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
         self.retrieval = retrieval
@@ -121,6 +127,7 @@ class PremiseRetriever(pl.LightningModule):
         self.encoder = Encoder(model_name)
         self.init_from = init_from
         self.cross_rank_negatives = cross_rank_negatives
+        self.bm25_distillation = bm25_distillation
         if init_from is not None:
             from leanagent.pretrained import load_encoder
 
@@ -164,7 +171,7 @@ class PremiseRetriever(pl.LightningModule):
         if (self.cross_rank_negatives and self.loss == "infonce" and self.trainer.world_size > 1
                 and dist.is_available() and dist.is_initialized()):
             share = functools.partial(share_candidates, gather=self.all_gather, rank=self.global_rank)
-        loss = batch_loss(self, batch, self.loss, share)
+        loss = batch_loss(self, batch, self.loss, share, self.bm25_distillation)
         if not torch.isfinite(loss):
             raise LeanAgentError(
                 f"the training loss is {loss.item()} at global step {self.global_step} (epoch {self.current_epoch}, "
@@ -198,7 +205,7 @@ class PremiseRetriever(pl.LightningModule):
 
     def train_order(self) -> TrainOrder:
         """Shuffled each epoch; a fit resumed from a mid-epoch checkpoint first finishes that epoch's batches."""
-        return TrainOrder("shuffled", self._resume_position)
+        return TrainOrder("shuffled", self._resume_position, bm25_scores=self.bm25_distillation > 0)
 
     def configure_optimizers(self) -> dict[str, Any]:
         return adamw_with_schedule(self.parameters(), self.lr, self.weight_decay, self.warmup_steps,

@@ -119,6 +119,7 @@ class BM25Index:
             (scores["data"], scores["indices"], scores["indptr"]),
             shape=(len(scores["indptr"]) - 1, self.num_documents),
         )
+        self._term_columns: sp.csc_matrix | None = None
 
     def query_counts(self, queries: list[str]) -> sp.csr_matrix:
         """[B, V] counts of each query's terms that occur in the corpus (others cannot score)."""
@@ -134,6 +135,15 @@ class BM25Index:
             (np.asarray(vals, dtype=np.float32), (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64))),
             shape=(len(queries), self.term_scores.shape[0]),
         )
+
+    def candidate_scores(self, queries: list[str], premises: np.ndarray) -> torch.Tensor:
+        """[B, len(premises)] float32 scores of each query against the given premises only (a training
+        batch's candidates); -1 marks padding, scored 0."""
+        if self._term_columns is None:
+            self._term_columns = self.term_scores.tocsc()  # column slicing, once
+        scores = (self.query_counts(queries) @ self._term_columns[:, np.maximum(premises, 0)]).toarray()
+        scores[:, premises < 0] = 0.0
+        return torch.from_numpy(scores.astype(np.float32, copy=False))
 
     def scores(self, queries: list[str]) -> torch.Tensor:
         """[B, num_premises] float32 BM25 scores (0 where a premise shares no term with the query)."""
