@@ -105,7 +105,8 @@ def test_importing_a_benchmark_keeps_the_callers_ctrl_c():
     from tests.conftest import REPO
 
     code = "import signal, benchmarks.arguments; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                            preexec_fn=_default_sigint)  # as in a terminal: pytest-xdist's workers ignore SIGINT
     assert result.stdout.strip() == "True", result.stderr[-2000:]
 
 
