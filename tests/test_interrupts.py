@@ -54,23 +54,30 @@ def _loading_torch(pid: int) -> bool:
         return any("libtorch" in line for line in maps)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to see when torch is loading")
-def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
-    """Python is up and torch and Lightning are loading: no KeyboardInterrupt traceback."""
+def _ctrl_c_while_loading(args: list[str], cwd) -> tuple[int, str, str]:
+    """Start `args`, press Ctrl-C once torch is loading; (exit code, stdout, stderr)."""
     import subprocess
-    import sys
 
-    from tests.conftest import REPO
-
-    process = subprocess.Popen([sys.executable, str(REPO / "main.py"), "fit", "--config", str(REPO / "configs/retrieval.yaml")],
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    process = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=_default_sigint)  # as in a terminal: pytest-xdist's workers ignore SIGINT
     deadline = time.monotonic() + 30
     while not _loading_torch(process.pid) and time.monotonic() < deadline:
         time.sleep(0.005)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err[-2000:]
+    out, err = process.communicate(timeout=120)
+    return process.returncode, out, err
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to see when torch is loading")
+def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
+    """Python is up and torch and Lightning are loading: no KeyboardInterrupt traceback."""
+    import sys
+
+    from tests.conftest import REPO
+
+    returncode, _, err = _ctrl_c_while_loading([sys.executable, str(REPO / "main.py"), "fit", "--config",
+                                                str(REPO / "configs/retrieval.yaml")], tmp_path)
+    assert returncode == 130, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
     assert len([line for line in err.splitlines() if line.startswith("error")]) == 1, err[-2000:]
     assert list(tmp_path.iterdir()) == []
@@ -79,19 +86,12 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to see when torch is loading")
 def test_ctrl_c_while_a_benchmark_loads_is_one_line():
     """`python -m benchmarks.X` while torch loads, before the benchmark's own handlers: no traceback either."""
-    import subprocess
     import sys
 
     from tests.conftest import REPO
 
-    process = subprocess.Popen([sys.executable, "-m", "benchmarks.retrieval_table", "--help"], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
-    deadline = time.monotonic() + 30
-    while not _loading_torch(process.pid) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err[-2000:]
+    returncode, out, err = _ctrl_c_while_loading([sys.executable, "-m", "benchmarks.retrieval_table", "--help"], REPO)
+    assert returncode == 130, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
     assert err.splitlines() == ["error: the benchmark stopped by SIGINT before it started; run the same command again"], err[-2000:]
     assert "usage" not in out  # it stopped, rather than going on to print its help
