@@ -203,6 +203,7 @@ def test_batches_carry_bm25_scores_of_their_candidates_when_the_module_asks(mini
     from types import SimpleNamespace
 
     from leanagent.models.data_contract import TrainOrder
+    from leanagent.models.retriever import PremiseRetriever
 
     class Module:
         def __init__(self, bm25_scores: bool) -> None:
@@ -215,8 +216,6 @@ def test_batches_carry_bm25_scores_of_their_candidates_when_the_module_asks(mini
         dm = datamodule(mini_dataset, batch_size=8, num_negatives=2, num_in_file_negatives=1)
         dm.trainer = SimpleNamespace(lightning_module=Module(bm25_scores), world_size=1, global_rank=0)
         return dm, next(iter(dm.train_dataloader()))
-
-    from leanagent.models.retriever import PremiseRetriever
 
     assert PremiseRetriever("byt5-tiny", bm25_distillation=0.5).train_order().bm25_scores  # what the retriever asks
     assert not PremiseRetriever("byt5-tiny").train_order().bm25_scores

@@ -84,13 +84,15 @@ def batch_loss(
     num_queries = len(batch["query_ids"])
     queries, candidates = embeddings[:num_queries], embeddings[num_queries:]
     labels, valid = batch["labels"], batch["cand_valid"]
+    similarity = queries @ candidates.T
     distillation = 0.0
     if bm25_distillation > 0:
-        distillation = bm25_distillation * bm25_distillation_loss(queries @ candidates.T, batch["bm25"], valid[None, :])
+        distillation = bm25_distillation * bm25_distillation_loss(similarity, batch["bm25"], valid[None, :])
     if share is not None:
         candidates, premises, valid = share(candidates, batch["cand_premises"], valid)
         labels = candidate_labels(batch["query_positives"], premises)
-    return contrastive_loss(queries @ candidates.T, labels, valid[None, :], loss) + distillation
+        similarity = queries @ candidates.T
+    return contrastive_loss(similarity, labels, valid[None, :], loss) + distillation
 
 
 def candidate_labels(query_positives: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
