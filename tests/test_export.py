@@ -30,6 +30,30 @@ def test_an_exported_checkpoint_is_what_init_from_loads(monkeypatch, tmp_path, r
     assert record["parameters"] == sum(t.numel() for _, t in model.encoder_parameters())
 
 
+def test_the_record_of_a_fit_on_a_merge_names_the_merge_s_sources(monkeypatch, tmp_path, retriever_checkpoint):
+    """The shipped base trains on `python main.py merge` output; its record reaches back to the sources' bytes."""
+    import hashlib
+
+    from leanagent.corpus.provenance import write_manifest
+
+    source, merged = tmp_path / "source", tmp_path / "merged"
+    for folder, text in ((source, "source"), (merged, "merged")):
+        (folder / "random").mkdir(parents=True)
+        (folder / "corpus.jsonl").write_text(f"{text} corpus\n")
+        (folder / "random" / "train.json").write_text(f"[] {text}")
+    write_manifest(merged, [source / "corpus.jsonl", source / "random" / "train.json", source / "random" / "val.json"])
+    saved = torch.load(retriever_checkpoint, weights_only=True)
+    saved["datamodule_hyper_parameters"] = {"data_path": str(merged / "random"), "corpus_path": str(merged / "corpus.jsonl")}
+    torch.save(saved, tmp_path / "fit.ckpt")
+    run_export(monkeypatch, str(tmp_path / "fit.ckpt"), "--command", "x", "--out-dir", str(tmp_path / "out"))
+    record = json.loads((tmp_path / "out" / "leanagent-base.json").read_text())
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    assert record["data_sha256"] == {str(merged / "corpus.jsonl"): digest(merged / "corpus.jsonl"),
+                                     str(merged / "random" / "train.json"): digest(merged / "random" / "train.json")}
+    assert record["merged_from_sha256"] == {str(source / "corpus.jsonl"): digest(source / "corpus.jsonl"),
+                                            str(source / "random" / "train.json"): digest(source / "random" / "train.json")}
+
+
 @pytest.mark.parametrize("case", ["text-file", "no-hyper-parameters", "name-with-folder", "out-dir-is-a-file"])
 def test_bad_exports_are_one_error_line_and_write_nothing(monkeypatch, tmp_path, retriever_checkpoint, capsys, case):
     checkpoint, name, out = retriever_checkpoint, "mine", tmp_path / "out"

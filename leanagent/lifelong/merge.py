@@ -26,9 +26,11 @@ Theorems (each split folder, e.g. ``random/``, merged on its own)
     trained on either. For ``novel_premises`` this keeps theorems out of train but does not
     re-establish that test premises are unused in train across sources.
 
-Nothing else (metadata, attribution, other folders) is copied. The result is built in a
-temporary folder beside ``out_dir`` and renamed into place only when complete, so an error
-leaves no ``out_dir`` (and, with ``overwrite=True``, the previous one intact).
+Nothing else (metadata, attribution, other folders) is copied; ``merged_from.json`` records the
+sha256 of every source file read (leanagent/corpus/provenance.py), so a model trained on the merge
+names the data behind it. The result is built in a temporary folder beside ``out_dir`` and renamed
+into place only when complete, so an error leaves no ``out_dir`` (and, with ``overwrite=True``, the
+previous one intact).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any
 
 from leanagent.corpus.corpus import skip_reason
 from leanagent.corpus.import_order import ImportCycle, imports_first
+from leanagent.corpus.provenance import write_manifest
 from leanagent.corpus.tactics import read_theorems
 from leanagent.errors import LeanAgentError
 from leanagent.io import atomic_open, iter_jsonl, write_json
@@ -183,6 +186,12 @@ def _merge_split(sources: list[Path], split: str) -> tuple[dict[str, list[dict]]
     return out, moved
 
 
+def _source_files(sources: list[Path], splits: list[str]) -> list[Path]:
+    """Every file the merge reads, for its manifest."""
+    return [src / "corpus.jsonl" for src in sources] + [
+        src / name / f"{part}.json" for src in sources for name in splits for part in SPLIT_FILES]
+
+
 def _open_permissions(root: Path) -> None:
     """Temp files are private (0600/0700); a dataset should get the usual umask permissions."""
     umask = os.umask(0)
@@ -260,6 +269,7 @@ def merge_datasets(
         for name, parts in theorems.items():
             for part, thms in parts.items():
                 write_json(tmp / name / f"{part}.json", thms)
+        write_manifest(tmp, _source_files(sources, splits))
         _open_permissions(tmp)
         if out_dir.exists():
             old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".old"))

@@ -12,8 +12,8 @@ from pathlib import Path
 import yaml
 
 from leanagent.errors import LeanAgentError
+from leanagent.io import file_sha256
 from leanagent.pretrained import resolve as resolve_weights
-from leanagent.pretrained.export import sha256
 
 
 def start_weights(resolved_fit_config: str, fit_dir: Path) -> dict | None:
@@ -24,7 +24,7 @@ def start_weights(resolved_fit_config: str, fit_dir: Path) -> dict | None:
     if init_from is None:
         return None
     path = resolve_weights(str(init_from), relative_to=fit_dir)
-    return {"init_from": str(init_from), "path": str(path), "sha256": sha256(path)}
+    return {"init_from": str(init_from), "path": str(path), "sha256": file_sha256(path)}
 
 
 def check_start_weights(recorded: dict | None, now: dict | None, out: Path) -> None:
@@ -45,4 +45,4 @@ def recorded_start_unchanged(recorded: dict | None, out: Path) -> None:
     """After stage 0 the stages start from checkpoints; the recorded start file, where it is still there, must be unchanged."""
     if recorded is None or not Path(recorded["path"]).is_file():
         return
-    check_start_weights(recorded, {**recorded, "sha256": sha256(Path(recorded["path"]))}, out)
+    check_start_weights(recorded, {**recorded, "sha256": file_sha256(Path(recorded["path"]))}, out)

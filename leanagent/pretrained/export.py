@@ -4,34 +4,27 @@
         --command "python main.py fit --config configs/retrieval.yaml --config configs/recipes/pretrain.yaml"
 
 The record says how to reproduce the weights: the command, the resolved data settings, the sha256 of
-every data file the fit read, the epochs and steps trained, and the validation metrics in the checkpoint.
+every data file the fit read (and of a merge's sources, from its `merged_from.json`), the epochs and
+steps trained, and the validation metrics in the checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
 
 from leanagent.checkpoint_files import load_checkpoint
+from leanagent.corpus.provenance import merged_from
 from leanagent.errors import LeanAgentError
-from leanagent.io import write_json
+from leanagent.io import file_sha256, write_json
 from leanagent.pretrained import SHIPPED_DIR, save_encoder
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def data_fingerprints(data_path: Path, corpus_path: Path) -> dict[str, str]:
     files = [corpus_path, *(data_path / f"{split}.json" for split in ("train", "val", "test"))]
-    return {str(p): sha256(p) for p in files if p.is_file()}
+    return {str(p): file_sha256(p) for p in files if p.is_file()}
 
 
 def git_commit() -> str | None:
@@ -73,7 +66,7 @@ def export(
         "name": name,
         "model_name": hparams["model_name"],
         "parameters": int(sum(t.numel() for t in tensors.values())),
-        "weights_sha256": sha256(weights),
+        "weights_sha256": file_sha256(weights),
         "command": command,
         "trained_at_commit": commit or git_commit(),
         "epochs": int(checkpoint.get("epoch", -1)) + 1,
@@ -81,6 +74,8 @@ def export(
         "model": {k: v for k, v in hparams.items() if not k.startswith("_")},
         "data": {k: v for k, v in data.items() if not k.startswith("_")},
         "data_sha256": data_fingerprints(Path(data["data_path"]), Path(data["corpus_path"])) if data else {},
+        # The fit's data is often a merge (`python main.py merge`): the files it was made from, as it recorded them.
+        "merged_from_sha256": merged_from(Path(data["corpus_path"]).parent) if data else {},
         "best_validation": monitor,
         "note": note,
     }

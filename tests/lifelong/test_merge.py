@@ -105,7 +105,22 @@ def test_merge_counts_and_contents(sources, tmp_path):
     assert names(parts["test"]) == ["Leak", "B2"]
     # the copy from the most recently added source wins
     assert parts["train"][0]["traced_tactics"][0]["tactic"] == "simp-from-c"
-    assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "random"]
+    assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "merged_from.json", "random"]
+
+
+def test_the_merge_records_the_sha256_of_every_source_file_it_read(sources, tmp_path):
+    import hashlib
+
+    from leanagent.corpus.provenance import merged_from
+
+    (sources[0] / "novel_premises").mkdir(exist_ok=True)  # a split not asked for is not read, so not recorded
+    (sources[0] / "novel_premises" / "train.json").write_text("[]")
+    merge_datasets(sources, tmp_path / "merged", split="random")
+    recorded = merged_from(tmp_path / "merged")
+    read = [src / "corpus.jsonl" for src in sources] + [
+        src / "random" / f"{part}.json" for src in sources for part in ("train", "val", "test")]
+    assert recorded == {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in read if p.is_file()}
+    assert merged_from(sources[0]) == {}  # not a merge
 
 
 def test_no_test_or_val_theorem_of_any_source_is_trained_on(sources, tmp_path):
@@ -279,7 +294,7 @@ def test_the_merge_command_takes_one_split_name_or_a_list(split, sources, tmp_pa
 
     out = tmp_path / "merged"
     main(["merge", *map(str, sources), "--out", str(out), *split])  # a parse error would exit 2
-    assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "random"]  # only the split asked for
+    assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "merged_from.json", "random"]  # only the split asked for
     assert read_merged(out)[1]["val"]
 
 
