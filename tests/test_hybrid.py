@@ -114,6 +114,27 @@ def test_choose_weight_tests_only_the_best_weight():
     assert choose_weight(per_example) == 0.5
 
 
+def test_choose_weight_tests_the_gain_in_recall_at_10_not_the_noise_of_recall_at_1():
+    """12 of 100 states gain the positive in their first 10 (z = 3.6 on Recall@10), while R@1 and MRR swing both
+    ways (20 up, 18 down): the sum's z is 1.5, which kept BM25 although the weight is better on every mean."""
+    bm25 = torch.zeros(100, 3)
+    bm25[20:38] = torch.tensor([100.0, 100.0, 0.7])  # R@1 hits that the weight loses
+    bm25[38:50, 2] = 0.1
+    weight = bm25.clone()
+    weight[:20] = torch.tensor([100.0, 100.0, 0.6])  # R@1 hits it gains (R@10 there was 0 for BM25)...
+    weight[:20, 1] = 0.0  # ...without moving R@10, so only states 38-49 gain R@10
+    weight[20:38] = torch.tensor([0.0, 100.0, 0.1])
+    weight[38:50, 1] = 100.0
+    per_example = {w: bm25.clone() for w in HYBRID_GRID}
+    per_example[0.5] = weight
+    from leanagent.retrieval.fusion import combined_scores, gain_z
+
+    gain = combined_scores(weight) - combined_scores(bm25)
+    assert 1.0 < float(gain.mean() / (gain.std() / 10)) < 1.645  # the sum's test would keep BM25
+    assert gain_z(weight, bm25) > 3.0
+    assert choose_weight(per_example) == 0.5
+
+
 def test_choose_weight_keeps_bm25_without_validation_examples():
     assert choose_weight({w: torch.zeros(0, 3) for w in HYBRID_GRID}) == 0.0
     with pytest.raises(ValueError, match="BM25's column"):
