@@ -5,7 +5,7 @@
 For each dataset, the checkpoint is validated on its val split (which evaluates every weight of the grid and
 chooses one with `fusion.choose_weight`), then on its test split served as a validation split, so that test,
 too, is evaluated at every weight. Prints one row per weight with val and test R@1 / R@10 / MRR and the val
-z of its combined gain over BM25 (what the rule tests), marks the weight the rule chose and the one with the
+z of its Recall@10 gain over BM25 (what the rule tests), marks the weight the rule chose and the one with the
 best val R@10, and their test R@10 beside BM25's (weight 0).
 """
 
