@@ -230,6 +230,11 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
+def file_fingerprints(paths: Iterable[str | os.PathLike]) -> dict[str, str]:
+    """{path as given: `file_sha256`} for each of `paths` that is a file (records skip what is absent)."""
+    return {str(path): file_sha256(path) for path in paths if Path(path).is_file()}
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
     with atomic_open(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, ensure_ascii=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from leanagent.errors import LeanAgentError
-from leanagent.io import file_sha256, read_json, write_json
+from leanagent.io import file_fingerprints, read_json, write_json
 
 MANIFEST = "merged_from.json"
 _KEY = "sources_sha256"
@@ -17,7 +17,7 @@ _KEY = "sources_sha256"
 
 def write_manifest(dataset: Path, sources: list[Path]) -> None:
     """Record in `dataset` the sha256 of each file in `sources` that exists, keyed by its path as given."""
-    write_json(Path(dataset) / MANIFEST, {_KEY: {str(path): file_sha256(path) for path in sources if Path(path).is_file()}})
+    write_json(Path(dataset) / MANIFEST, {_KEY: file_fingerprints(sources)})
 
 
 def merged_from(dataset: Path) -> dict[str, str]:

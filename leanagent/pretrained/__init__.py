@@ -8,7 +8,6 @@ trained: the command, the data fingerprints and what it measured. Configs start 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import check_state_dict
+from leanagent.io import file_sha256
 
 SHIPPED_DIR = Path(__file__).resolve().parent
 WEIGHTS_FORMAT = "leanagent-retriever-encoder"
@@ -55,13 +55,10 @@ def check_shipped_file(path: Path) -> None:
         expected = json.loads(record_path.read_text(encoding="utf-8")).get("weights_sha256")
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
         raise LeanAgentError(f"model.init_from: {record_path} is not a readable record ({type(e).__name__})") from None
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    if expected is not None and digest.hexdigest() != expected:
+    actual = file_sha256(path)
+    if expected is not None and actual != expected:
         raise LeanAgentError(
-            f"model.init_from: {path} is damaged: its SHA-256 is {digest.hexdigest()[:16]}..., {record_path.name} "
+            f"model.init_from: {path} is damaged: its SHA-256 is {actual[:16]}..., {record_path.name} "
             f"records {str(expected)[:16]}... (restore it: git checkout -- {path.name}, or reinstall the project)"
         )
 

@@ -18,13 +18,13 @@ from pathlib import Path
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.corpus.provenance import merged_from
 from leanagent.errors import LeanAgentError
-from leanagent.io import file_sha256, write_json
+from leanagent.io import file_fingerprints, file_sha256, write_json
 from leanagent.pretrained import SHIPPED_DIR, save_encoder
 
 
 def data_fingerprints(data_path: Path, corpus_path: Path) -> dict[str, str]:
     files = [corpus_path, *(data_path / f"{split}.json" for split in ("train", "val", "test"))]
-    return {str(p): file_sha256(p) for p in files if p.is_file()}
+    return file_fingerprints(files)
 
 
 def git_commit() -> str | None:
