@@ -204,6 +204,35 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         raise
 
 
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, Any], metadata: dict[str, str]) -> None:
+    """A safetensors file whose bytes depend only on the tensors and metadata (temporary name, then rename).
+
+    safetensors writes the metadata from a hash map, in an order that changes from one process to the
+    next, so two exports of the same weights differed in bytes while a record names the file by its
+    SHA-256. The header is rewritten in place with the metadata in key order: the same length, so the
+    tensors' offsets and data are untouched and nothing is held in memory beyond the header.
+    """
+    from safetensors.torch import save_file
+
+    def write(tmp: str) -> None:
+        save_file(tensors, tmp, metadata=metadata)
+        sort_safetensors_metadata(tmp)
+
+    atomic_write(path, write)
+
+
+def sort_safetensors_metadata(path: str | os.PathLike) -> None:
+    """Put a safetensors file's `__metadata__` keys in order, in place (a header of another layout is left as it is)."""
+    with open(path, "r+b") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= size:
+            f.seek(8)
+            f.write(text.ljust(size))
+
+
 def _os_error_code(error: BaseException) -> int | None:
     if isinstance(error, OSError):
         return None  # already what the CLI reads

@@ -30,6 +30,23 @@ def test_an_exported_checkpoint_is_what_init_from_loads(monkeypatch, tmp_path, r
     assert record["parameters"] == sum(t.numel() for _, t in model.encoder_parameters())
 
 
+def test_exports_of_one_checkpoint_are_the_same_bytes(monkeypatch, tmp_path, retriever_checkpoint):
+    """The record names the weights by SHA-256, so re-exporting a checkpoint must reproduce the file: safetensors
+    alone writes its metadata in an order that changes from call to call."""
+    import hashlib
+    import struct
+
+    files = []
+    for i in range(8):
+        run_export(monkeypatch, str(retriever_checkpoint), "--command", "x", "--out-dir", str(tmp_path / f"out{i}"))
+        files.append((tmp_path / f"out{i}" / "leanagent-base.safetensors").read_bytes())
+    assert len(set(files)) == 1
+    record = json.loads((tmp_path / "out0" / "leanagent-base.json").read_text())
+    assert record["weights_sha256"] == hashlib.sha256(files[0]).hexdigest()
+    size = struct.unpack("<Q", files[0][:8])[0]
+    assert list(json.loads(files[0][8 : 8 + size])["__metadata__"]) == ["format", "model_name"]
+
+
 def test_the_record_of_a_fit_on_a_merge_names_the_merge_s_sources(monkeypatch, tmp_path, retriever_checkpoint):
     """The shipped base trains on `python main.py merge` output; its record reaches back to the sources' bytes."""
     import hashlib

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_write
+from leanagent.io import write_safetensors
 
 
 def weights_fingerprint(state: dict[str, torch.Tensor]) -> str:
@@ -45,7 +44,7 @@ def save_fisher(
     if theta_star is not None:
         meta["weights_sha256"] = weights_fingerprint(theta_star)
         tensors.update({THETA_PREFIX + name: t.detach().to("cpu", torch.float32).contiguous() for name, t in theta_star.items()})
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    write_safetensors(path, tensors, meta)
 
 
 def read_fisher_metadata(path: str | os.PathLike) -> dict[str, str]:

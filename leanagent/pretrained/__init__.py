@@ -114,10 +114,7 @@ def load_encoder(
 
 def save_encoder(path: str | os.PathLike, tensors: dict[str, torch.Tensor], model_name: str) -> None:
     """Write encoder tensors as a weights file `load_encoder` accepts (temporary name, then rename)."""
-    from safetensors.torch import save_file
-
-    from leanagent.io import atomic_write
+    from leanagent.io import write_safetensors
 
     contiguous = {name: t.detach().float().contiguous().cpu() for name, t in tensors.items()}
-    metadata = {"format": WEIGHTS_FORMAT, "model_name": model_name}
-    atomic_write(path, lambda tmp: save_file(contiguous, tmp, metadata=metadata))
+    write_safetensors(path, contiguous, {"format": WEIGHTS_FORMAT, "model_name": model_name})
