@@ -68,7 +68,12 @@ def test_validate_with_a_mismatched_checkpoint(tmp_path, toy_dataset, retriever_
     torch.save(checkpoint, bad)
     result = run_cli(["validate", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={bad}",
                       "--model.init_args.model_name=byt5-tiny"], cwd=tmp_path)  # the fixture's architecture
-    assert_one_error(result, "checkpoint does not match the model", name)
+    assert_one_error(result, f"--ckpt_path {bad} does not match the model", name)
+    fisher = run_cli(["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={bad}",
+                      f"--model.init_args.output_path={tmp_path / 'fisher.safetensors'}", "--model.init_args.model_name=byt5-tiny"],
+                     cwd=tmp_path)
+    assert_one_error(fisher, f"{bad}: checkpoint does not match the model", name)
+    assert not (tmp_path / "fisher.safetensors").exists()
 
 
 def test_fisher_with_a_missing_checkpoint_writes_nothing(tmp_path, toy_dataset):

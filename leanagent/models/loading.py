@@ -26,6 +26,9 @@ def load_retriever(ckpt_path: str | Path, model_name: str | None = None) -> Prem
         )
     known = set(inspect.signature(PremiseRetriever.__init__).parameters) - {"self", "fisher_path", "ewc_lambda", "ewc_form"}
     retriever = PremiseRetriever(**{k: v for k, v in hparams.items() if k in known})
-    retriever.on_load_checkpoint(checkpoint)
+    try:
+        retriever.on_load_checkpoint(checkpoint)
+    except LeanAgentError as e:  # which checkpoint: the model does not know where its dict came from
+        raise LeanAgentError(f"{path}: {e}") from None
     retriever.load_state_dict(checkpoint["state_dict"])
     return retriever

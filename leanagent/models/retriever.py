@@ -359,10 +359,12 @@ class PremiseRetriever(pl.LightningModule):
                 )
         # Read by the data module (train_order) when it builds the training loader, before Lightning restores its loops.
         self._resume_position = resume_position(checkpoint)
+        restored = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
+        source = f"--ckpt_path {restored}" if restored else "checkpoint"
         saved = checkpoint.get("hyper_parameters", {}).get("model_name")
         if saved is not None and saved != self.model_name:
             raise LeanAgentError(
-                f"checkpoint was trained with model_name '{saved}', but model.model_name is '{self.model_name}'"
+                f"{source} was trained with model_name '{saved}', but model.model_name is '{self.model_name}'"
             )
-        check_state_dict(checkpoint.get("state_dict", {}), self.state_dict(), "checkpoint")
+        check_state_dict(checkpoint.get("state_dict", {}), self.state_dict(), source)
         self.hybrid_weights = load_hybrid_weights(checkpoint)
