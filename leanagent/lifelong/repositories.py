@@ -118,9 +118,9 @@ def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
 
 def check_splits(repos: dict[str, Path], split: str) -> dict[str, dict[str, list[dict]]]:
     """Each repository needs traced theorems in train (its stage's fit), val (the checkpoint and hybrid's weight)
-    and test (its column of the matrix), and val and test need premises of the repository's corpus to find: a
-    repository without them is refused before the first stage, not when its own stage comes. Returns what it
-    read, for the curriculum."""
+    and test (its column of the matrix), every tactic well formed, and premises of the repository's corpus in
+    each split: a repository without them is refused before the first stage, not when its own stage comes,
+    hours into a run. Returns what it read, for the curriculum."""
     loaded = {}
     for name, root in repos.items():
         loaded[name] = read_splits(name, root, split)
@@ -130,9 +130,16 @@ def check_splits(repos: dict[str, Path], split: str) -> dict[str, dict[str, list
                     f"{root / split / part}.json: repository {name!r} has no theorem with traced tactics in its {part} split"
                 )
         corpus = Corpus.from_jsonl(root / "corpus.jsonl")
-        for part in ("val", "test"):
+        for part in ("train", "val", "test"):  # every tactic read as its stage's fit reads it
             path = root / split / f"{part}.json"
-            require_positives(load_tactic_states(path, corpus), path, corpus.source)
+            states = load_tactic_states(path, corpus)
+            if part != "train":
+                require_positives(states, path, corpus.source)
+            elif not any(states.positives):
+                raise LeanAgentError(
+                    f"{path}: repository {name!r} has no training examples (no traced tactic has a premise "
+                    f"annotation found in the corpus {corpus.source})"
+                )
     return loaded
 
 

@@ -48,11 +48,14 @@ def test_data_root_repositories_must_exist(tmp_path):
 NO_TRACES = "repository 'bad' has no theorem with traced tactics"
 
 
-@pytest.mark.parametrize("content, fragment", [
-    ([], NO_TRACES), ([{"full_name": "t", "traced_tactics": []}], NO_TRACES),
-    ([theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "none of its 1 tactic states has a premise"),
-], ids=["empty", "untraced", "premises-outside-the-corpus"])
-def test_a_repository_without_val_theorems_is_refused_before_any_stage(tmp_path, content, fragment):
+@pytest.mark.parametrize("part, content, fragment", [
+    ("val", [], NO_TRACES), ("val", [{"full_name": "t", "traced_tactics": []}], NO_TRACES),
+    ("val", [theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "none of its 1 tactic states has a premise"),
+    ("train", [theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "repository 'bad' has no training examples"),
+    ("train", [{**theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])]), "traced_tactics": [{"tactic": "simp"}]}],
+     r"traced_tactics\[0\]"),
+], ids=["val-empty", "val-untraced", "val-premises-outside-the-corpus", "train-premises-outside-the-corpus", "train-malformed-tactic"])
+def test_a_repository_without_usable_splits_is_refused_before_any_stage(tmp_path, part, content, fragment):
     from leanagent.lifelong.runner import LifelongRun
     from leanagent.lifelong.settings import LifelongSettings
 
@@ -60,14 +63,14 @@ def test_a_repository_without_val_theorems_is_refused_before_any_stage(tmp_path,
     traced = [theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])])]
     for name in ("good", "bad"):
         write_dataset(tmp_path / "data" / name, corpus, {"train": traced, "val": traced, "test": traced})
-    (tmp_path / "data" / "bad" / "random" / "val.json").write_text(json.dumps(content))
+    (tmp_path / "data" / "bad" / "random" / f"{part}.json").write_text(json.dumps(content))
     spec = Repositories(data_root=str(tmp_path / "data"), names=["good", "bad"], bundled=None)
     repos = resolve_repositories(spec, tmp_path)
     assert list(check_splits({"good": repos["good"]}, "random")["good"]["val"]) == traced
-    with pytest.raises(LeanAgentError, match=f"bad/random/val.json: {fragment}"):
+    with pytest.raises(LeanAgentError, match=f"bad/random/{part}.json: .*{fragment}"):
         check_splits(repos, "random")
     out = tmp_path / "out"
-    with pytest.raises(LeanAgentError, match=f"bad/random/val.json: {fragment}"):
+    with pytest.raises(LeanAgentError, match=f"bad/random/{part}.json: .*{fragment}"):
         LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec)).run()
     assert not out.exists()  # refused before anything is written
 
