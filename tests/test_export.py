@@ -71,6 +71,14 @@ def test_the_record_of_a_fit_on_a_merge_names_the_merge_s_sources(monkeypatch, t
                                             str(source / "random" / "train.json"): digest(source / "random" / "train.json")}
 
 
+def test_an_export_without_its_command_is_one_error_line(monkeypatch, tmp_path, retriever_checkpoint, capsys):
+    with pytest.raises(SystemExit) as stop:
+        run_export(monkeypatch, str(retriever_checkpoint), "--out-dir", str(tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.startswith("error: ") and "--command" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("case", ["text-file", "no-hyper-parameters", "name-with-folder", "out-dir-is-a-file"])
 def test_bad_exports_are_one_error_line_and_write_nothing(monkeypatch, tmp_path, retriever_checkpoint, capsys, case):
     checkpoint, name, out = retriever_checkpoint, "mine", tmp_path / "out"

@@ -83,8 +83,16 @@ def export(
     return weights
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's errors as the app gives them: one `error:` line (argparse prints its usage first)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: {message} (python -m leanagent.pretrained.export --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = _Parser(description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path)
     parser.add_argument("--name", default="leanagent-base")
     parser.add_argument("--command", required=True, help="the exact command that trained the checkpoint")
