@@ -40,7 +40,7 @@ from leanagent.cli_config import (
     resolve_special_ckpt_path,
     use_final_last_checkpoint,
 )
-from leanagent.cli_errors import check_replaced_configs, summarize_parse_error, user_error
+from leanagent.cli_errors import check_config_files, summarize_parse_error, user_error
 from leanagent.compat import add_subcommand
 from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.interrupts import Interrupted, stop_on_signals
@@ -311,7 +311,7 @@ def main(args: list[str] | None = None) -> None:
     _install_fault_handling()
     command = argv[0] if argv and not argv[0].startswith("-") else "the command"
     try:
-        check_replaced_configs(argv)
+        check_config_files(argv)
         # Outside a fit's training steps (which the preemption callback stops with a checkpoint), a signal
         # stops the command at once with one line, instead of Lightning's silent exit 0 (leanagent/interrupts.py).
         with stop_on_signals(command):

@@ -25,11 +25,19 @@ def config_paths(argv: list[str]) -> list[str]:
     return paths + [a.split("=", 1)[1] for a in argv if a.startswith(("--config=", "-c="))]
 
 
-def check_replaced_configs(argv: list[str]) -> None:
+def check_config_files(argv: list[str]) -> None:
+    """Configs that overlays replaced, and configs that are not UTF-8 text (jsonargparse raises a bare
+    UnicodeDecodeError for those, naming no file), as one line before anything is parsed."""
     for path in config_paths(argv):
         replacement = REPLACED_CONFIGS.get(Path(path).name)
         if replacement and not Path(path).exists():
             raise LeanAgentError(f"--config {path}: this config was replaced by overlays; give {replacement}")
+        try:
+            Path(path).read_bytes().decode("utf-8")
+        except OSError:
+            continue  # a missing file or a folder: jsonargparse says which
+        except UnicodeDecodeError as e:
+            raise LeanAgentError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def summarize_parse_error(message: str, argv: list[str]) -> str:
@@ -95,6 +103,10 @@ def user_error(error: BaseException | None) -> LeanAgentError | None:
             return error
         if isinstance(error, OSError) and error.errno in DISK_ERRNOS:  # a full disk anywhere: logs, outputs, /tmp
             return write_failed(error)
+        if isinstance(error, ModuleNotFoundError) and str(error).startswith("Requirement '"):
+            # Lightning's optional packages (a config naming WandbLogger without wandb): "Requirement 'wandb>=...'
+            # not met. HINT: Try running `pip install -U 'wandb>=...'`"
+            return LeanAgentError(f"a package the config needs is not installed: {error}")
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None

@@ -54,6 +54,22 @@ def test_config_errors_name_the_file_and_key_in_one_line(capsys, in_tmp, content
     one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "bad.yaml", *ONE_CPU], *fragments)
 
 
+def test_a_config_that_is_not_utf8_says_so(capsys, in_tmp):
+    (in_tmp / "latin1.yaml").write_bytes("data:\n  data_path: caf\u00e9\n".encode("latin-1"))
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "latin1.yaml", *ONE_CPU], "--config latin1.yaml: not UTF-8 text")
+
+
+def test_a_logger_whose_package_is_missing_says_which(capsys, in_tmp, toy_dataset):
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here, so WandbLogger cannot show a missing package")
+    (in_tmp / "wandb.yaml").write_text("trainer:\n  logger:\n    class_path: pytorch_lightning.loggers.WandbLogger\n")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "wandb.yaml", *ONE_CPU, *data(toy_dataset)],
+              "a package the config needs is not installed", "wandb")
+    assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("name", ["missing.yaml", "folder"])
 def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
     (in_tmp / "folder").mkdir()
