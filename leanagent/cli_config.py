@@ -74,6 +74,29 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
     if subcommand == "fit" and config.trainer.get("limit_train_batches") in (0, 0.0):
         raise LeanAgentError("trainer.limit_train_batches is 0: this fit would train nothing (leave it unset, or give a "
                              "positive number of batches or fraction of them)")
+    if subcommand == "fit" and config.trainer.get("max_steps") == 0:
+        raise LeanAgentError("trainer.max_steps is 0: this fit would train nothing (leave it at -1, no limit, or give a "
+                             "positive number of optimizer steps)")
+    evaluated = {"validate": "limit_val_batches", "test": "limit_test_batches", "predict": "limit_predict_batches"}
+    if subcommand in evaluated and config.trainer.get(evaluated[subcommand]) in (0, 0.0):
+        raise LeanAgentError(f"trainer.{evaluated[subcommand]} is 0: {subcommand} would read no batch and report nothing "
+                             "(leave it unset, or give a positive number of batches or fraction of them)")
+    monitors = validation_monitors(config)
+    if subcommand == "fit" and monitors and config.trainer.get("limit_val_batches") in (0, 0.0):
+        raise LeanAgentError(
+            f"trainer.limit_val_batches is 0, so no epoch is validated, but {', '.join(monitors)} "
+            "(the best checkpoint and early stopping need it): leave it unset or positive, or remove those callbacks")
+
+
+def validation_monitors(config: Namespace) -> list[str]:
+    """'Callback monitors metric' for each configured callback that monitors a validation metric."""
+    found = []
+    for callback in config.trainer.get("callbacks") or []:
+        init_args = callback.get("init_args") if isinstance(callback, Namespace) else None
+        monitor = init_args.get("monitor") if isinstance(init_args, Namespace) else None
+        if isinstance(monitor, str) and "_val" in monitor:
+            found.append(f"{str(callback.get('class_path')).rsplit('.', 1)[-1]} monitors {monitor}")
+    return found
 
 
 def _started_for_nodes() -> bool:

@@ -103,6 +103,9 @@ def user_error(error: BaseException | None) -> LeanAgentError | None:
             return error
         if isinstance(error, OSError) and error.errno in DISK_ERRNOS:  # a full disk anywhere: logs, outputs, /tmp
             return write_failed(error)
+        if isinstance(error, ValueError) and str(error).strip().startswith("`val_check_interval` ("):
+            # Lightning's, raised once the fit knows its batch count: a setting, not a bug
+            return LeanAgentError(f"trainer.{str(error).strip().replace('`', '').split('. If you want')[0]}")
         if isinstance(error, ModuleNotFoundError) and str(error).startswith("Requirement '"):
             # Lightning's optional packages (a config naming WandbLogger without wandb): "Requirement 'wandb>=...'
             # not met. HINT: Try running `pip install -U 'wandb>=...'`"

@@ -90,6 +90,9 @@ def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
         ("--trainer.num_nodes=0", "trainer.num_nodes must be a positive integer"),
         ("--trainer.num_nodes=2", "nothing starts the other nodes' processes"),  # waited, deaf to SIGTERM, for a year
         ("--trainer.limit_train_batches=0", "this fit would train nothing"),
+        ("--trainer.max_steps=0", "trainer.max_steps is 0: this fit would train nothing"),
+        ("--trainer.limit_val_batches=0", "no epoch is validated, but ModelCheckpoint monitors Recall@10_val"),
+        ("--trainer.val_check_interval=100", "trainer.val_check_interval (100) must be less than or equal to the number of"),
         ("--seed_everything=-1", "seed_everything must be"),
         ("--trainer.accelerator=nonsense", "trainer: You selected an invalid accelerator name"),
         ("--trainer.val_check_interval=0", "trainer.val_check_interval must be a positive"),
@@ -105,6 +108,14 @@ def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, monkeypatch, se
     if setting.startswith("--trainer.devices"):
         args.remove("--trainer.devices=1")
     one_error(capsys, args, fragment)
+
+
+@pytest.mark.parametrize("command, limit", [("validate", "limit_val_batches"), ("test", "limit_test_batches"),
+                                            ("predict", "limit_predict_batches")])
+def test_an_evaluation_of_no_batch_is_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint, command, limit):
+    one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={retriever_checkpoint}",
+                       "--model.init_args.model_name=byt5-tiny", f"--trainer.{limit}=0"], f"trainer.{limit} is 0: {command} would")
+    assert not (in_tmp / "lightning_logs").exists()
 
 
 @pytest.mark.parametrize("command", ["fit", "validate"])
