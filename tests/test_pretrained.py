@@ -69,6 +69,14 @@ def test_damaged_and_foreign_files_are_refused(tiny_weights, tmp_path):
         PremiseRetriever(model_name="byt5-tiny", init_from=str(foreign))
     with pytest.raises(LeanAgentError, match="'nothing-here' is neither a shipped retriever"):
         PremiseRetriever(model_name="byt5-tiny", init_from="nothing-here")
+    from leanagent.io import write_safetensors
+    from leanagent.pretrained import WEIGHTS_FORMAT
+
+    integers = tmp_path / "integers.safetensors"  # the right names, shapes and header, but no weights a float cast keeps
+    write_safetensors(integers, {n: (t * 100).to(torch.int32) for n, t in _encoder_state(PremiseRetriever(model_name="byt5-tiny")).items()},
+                      {"format": WEIGHTS_FORMAT, "model_name": "byt5-tiny"})
+    with pytest.raises(LeanAgentError, match="integers.safetensors: '.*' holds torch.int32 values, not floating point"):
+        PremiseRetriever(model_name="byt5-tiny", init_from=str(integers))
 
 
 def test_a_shipped_file_damaged_mid_file_is_refused(tmp_path, monkeypatch):

@@ -107,6 +107,8 @@ def load_encoder(
         )
     check_state_dict(tensors, expected, f"model.init_from: {path} ('{model_name}' encoder)")
     for name in expected:
+        if not tensors[name].is_floating_point():  # cast to float, integers would start the fit from other weights
+            raise LeanAgentError(f"model.init_from: {path}: '{name}' holds {tensors[name].dtype} values, not floating point")
         if not torch.isfinite(tensors[name]).all():
             raise LeanAgentError(f"model.init_from: {path}: '{name}' holds NaN or infinite values")
     return tensors
