@@ -143,7 +143,8 @@ class Corpus:
             raw_imports.append((lineno, file_imports))
             for k, premise in enumerate(premises):
                 pwhere = f"{where}: premises[{k}]"
-                reason = skip_reason(premise.get("full_name"), premise.get("code")) if isinstance(premise, dict) else None
+                named = isinstance(premise, dict) and "full_name" in premise  # a missing key is an error, a null one skipped
+                reason = skip_reason(premise["full_name"], premise.get("code")) if named else None
                 if reason is not None:
                     skipped[reason] = skipped.get(reason, 0) + 1
                     continue

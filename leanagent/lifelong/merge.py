@@ -101,11 +101,13 @@ def _check_corpus_record(rec: Any, where: str) -> None:
     if not isinstance(premises, list):
         raise LeanAgentError(f"{where}: 'premises' of {rec['path']} must be a list")
     for k, p in enumerate(premises):
-        if isinstance(p, dict) and skip_reason(p.get("full_name"), p.get("code")) is not None:
+        if isinstance(p, dict) and "full_name" in p and skip_reason(p["full_name"], p.get("code")) is not None:
             continue  # every reader skips it, as ReProver's loader does (a null full_name, ...)
-        if not isinstance(p, dict) or not isinstance(p.get("full_name"), str) or not _position(p.get("start")):
+        if (not isinstance(p, dict) or not isinstance(p.get("full_name"), str) or not isinstance(p.get("code"), str)
+                or not _position(p.get("start")) or not _position(p.get("end"))):
+            # what a fit's corpus reader needs: a merge that copied it would fail there, naming the merged file
             raise LeanAgentError(
-                f"{where}: premise #{k} of {rec['path']} needs a string 'full_name' and a [line, col] 'start'"
+                f"{where}: premise #{k} of {rec['path']} needs a string 'full_name' and 'code' and [line, col] 'start' and 'end'"
             )
 
 
@@ -113,10 +115,14 @@ def _read_corpora(sources: list[Path]) -> dict[str, _File]:
     files: dict[str, _File] = {}
     for src in sources:
         corpus = src / "corpus.jsonl"
+        listed: dict[str, int] = {}  # one source lists a file once; several sources may share it
         for lineno, rec in iter_jsonl(corpus):
             where = f"{corpus}:{lineno}"
             _check_corpus_record(rec, where)
             path = rec["path"]
+            if path in listed:
+                raise LeanAgentError(f"{where}: file '{path}' already listed on line {listed[path]}")
+            listed[path] = lineno
             seen = files.get(path)
             if seen is None:
                 seen = files[path] = _File(record=rec, imports=[], premises={}, import_origin={})

@@ -253,6 +253,24 @@ def test_malformed_records_are_named(tmp_path):
         merge_datasets([], tmp_path / "o3")
 
 
+@pytest.mark.parametrize("case", ["no-code", "no-end", "no-full_name", "file-listed-twice"])
+def test_a_merge_refuses_what_a_fit_would_refuse(tmp_path, case):
+    """Copied into the merge, such a record would fail the fit that reads it, naming the merged file, not the source."""
+    from leanagent.corpus.corpus import Corpus
+
+    good = premise("p", 1)
+    files = {"no-code": [corpus_file("A.lean", [], [{k: v for k, v in good.items() if k != "code"}])],
+             "no-end": [corpus_file("A.lean", [], [{k: v for k, v in good.items() if k != "end"}])],
+             "no-full_name": [corpus_file("A.lean", [], [good, {k: v for k, v in good.items() if k != "full_name"}])],
+             "file-listed-twice": [corpus_file("A.lean", [], [good]), corpus_file("A.lean", [], [good])]}[case]
+    source = write_dataset(tmp_path / "s", files, {"random": {}})
+    with pytest.raises(LeanAgentError, match=r"s/corpus.jsonl:\d"):
+        Corpus.from_jsonl(source / "corpus.jsonl")  # what a fit says of the source itself
+    with pytest.raises(LeanAgentError, match=r"s/corpus.jsonl:\d"):
+        merge_datasets([source], tmp_path / "out", split="random")
+    assert not (tmp_path / "out").exists()
+
+
 def test_merge_two_real_lifelong_slices(tmp_path):
     srcs = [shared_data("lifelong", "mathlib-logic"), shared_data("lifelong", "mathlib-group")]
     stats = merge_datasets(srcs, tmp_path / "merged")
