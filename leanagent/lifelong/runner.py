@@ -249,7 +249,7 @@ class LifelongRun:
                 stage = self._run_stage(index, order, repos, state)
             state["stages"].append(stage)
             write_json(self.state_path, state)
-            log.info("stage %d/%d (%s) done", index + 1, len(order), order[index])
+            log.info("stage %d (%s) done: %d of %d", index, order[index], index + 1, len(order))
         return write_report(self.out, state, self.settings.metric_window)
 
     def _check_stage_commands(self, order: list[str], repos: dict[str, Path]) -> str:
