@@ -71,6 +71,22 @@ def test_the_record_of_a_fit_on_a_merge_names_the_merge_s_sources(monkeypatch, t
                                             str(source / "random" / "train.json"): digest(source / "random" / "train.json")}
 
 
+def test_an_export_away_from_the_fit_s_data_warns_that_the_record_has_no_fingerprint(monkeypatch, tmp_path, retriever_checkpoint, capsys):
+    saved = torch.load(retriever_checkpoint, weights_only=True)
+    gone = tmp_path / "gone"
+    saved["datamodule_hyper_parameters"] = {"data_path": str(gone / "random"), "corpus_path": str(gone / "corpus.jsonl")}
+    torch.save(saved, tmp_path / "fit.ckpt")
+    run_export(monkeypatch, str(tmp_path / "fit.ckpt"), "--command", "x", "--out-dir", str(tmp_path / "out"))
+    err = capsys.readouterr().err
+    assert err.startswith("warning: the fit's data is not here") and str(gone / "corpus.jsonl") in err
+    assert json.loads((tmp_path / "out" / "leanagent-base.json").read_text())["data_sha256"] == {}
+    (gone / "random").mkdir(parents=True)
+    (gone / "corpus.jsonl").write_text("corpus\n")
+    (gone / "random" / "train.json").write_text("[]")
+    run_export(monkeypatch, str(tmp_path / "fit.ckpt"), "--command", "x", "--out-dir", str(tmp_path / "out2"))
+    assert "warning" not in capsys.readouterr().err  # the data is back where the fit read it
+
+
 def test_an_export_without_its_command_is_one_error_line(monkeypatch, tmp_path, retriever_checkpoint, capsys):
     with pytest.raises(SystemExit) as stop:
         run_export(monkeypatch, str(retriever_checkpoint), "--out-dir", str(tmp_path / "out"))

@@ -60,6 +60,12 @@ def export(
     weights = out_dir / f"{name}.safetensors"
     out_dir.mkdir(parents=True, exist_ok=True)
     save_encoder(weights, tensors, hparams["model_name"])
+    fingerprints = data_fingerprints(Path(data["data_path"]), Path(data["corpus_path"])) if data else {}
+    unread = [str(f) for f in (Path(data["corpus_path"]), Path(data["data_path"]) / "train.json")
+              if str(f) not in fingerprints] if data else ["the checkpoint names no data"]
+    if unread:  # a record without them cannot say what the weights were trained on
+        print(f"warning: the fit's data is not here ({', '.join(unread)}): the record has no fingerprint of it; "
+              "export where the fit's data is", file=sys.stderr)
     monitor = {k: float(v["best_model_score"]) for k, v in (checkpoint.get("callbacks") or {}).items()
                if isinstance(v, dict) and v.get("best_model_score") is not None}
     record = {
@@ -73,7 +79,7 @@ def export(
         "global_step": int(checkpoint.get("global_step", -1)),
         "model": {k: v for k, v in hparams.items() if not k.startswith("_")},
         "data": {k: v for k, v in data.items() if not k.startswith("_")},
-        "data_sha256": data_fingerprints(Path(data["data_path"]), Path(data["corpus_path"])) if data else {},
+        "data_sha256": fingerprints,
         # The fit's data is often a merge (`python main.py merge`): the files it was made from, as it recorded them.
         "merged_from_sha256": merged_from(Path(data["corpus_path"]).parent) if data else {},
         "best_validation": monitor,
