@@ -278,3 +278,16 @@ def test_lifelong_evaluation_reports_dense_and_hybrid_with_each_datasets_own_wei
     assert results["hybrid_weight"] == chosen
     assert logged["Recall@10_test"] == pytest.approx(results["Recall@10"])
 
+
+
+def test_a_fit_that_never_validated_says_its_hybrid_is_bm25(tmp_path, monkeypatch, toy_dataset, capsys):
+    """The table after `test_after_fit` must not call a fallback weight chosen: here no epoch was validated."""
+    from leanagent.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1",
+          "--trainer.enable_progress_bar=false", f"--data.data_path={toy_dataset / 'random'}",
+          f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", "--data.max_seq_len=32",
+          "--trainer.check_val_every_n_epoch=5", "--progressive.epochs_per_repo=1", "--test_after_fit=true"])
+    out = capsys.readouterr().out
+    assert "hybrid weight of the dense side: 0.0 (no validation chose one for these premises, so hybrid is BM25)" in out

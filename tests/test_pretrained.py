@@ -166,6 +166,7 @@ def test_the_project_recipe_fine_tunes_the_shipped_retriever_then_tests_it_in_on
     assert "checkpoints/retrieval/epoch=0-" in lines[start]  # the best checkpoint, by the dense Recall@10_val
     table = {line[:16].strip(): [float(v) for v in line[16:].split()] for line in lines[start + 2 : start + 5]}
     assert list(table) == ["dense (trained)", "bm25", "hybrid"]
+    assert "(chosen on this dataset's validation split)" in lines[start + 5]
     (metrics,) = tmp_path.glob("lightning_logs/retrieval/version_*/metrics.csv")
     rows = [r for r in csv.DictReader(metrics.open()) if r.get("Recall@10_test")]
     assert len(rows) == 1

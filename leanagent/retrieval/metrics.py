@@ -38,8 +38,10 @@ def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor, ks: tupl
     return torch.stack([c * has_positive for c in columns] + [has_positive], dim=1)
 
 
-def format_rankings(logged: dict[str, float], split: str, source: str) -> str:
-    """The trained (dense) ranking beside BM25 and hybrid, one row each, as validate/test logged them."""
+def format_rankings(logged: dict[str, float], split: str, source: str, weight_chosen: bool = True) -> str:
+    """The trained (dense) ranking beside BM25 and hybrid, one row each, as validate/test logged them.
+
+    `weight_chosen`: a validation chose hybrid's weight for these premises (else hybrid is BM25's fallback)."""
     names = [n for n in ("Recall@1", "Recall@10", "MRR") if f"{n}_{split}" in logged]
     rows = [("dense (trained)", ""), ("bm25", "/bm25"), ("hybrid", "/hybrid")]
     lines = [f"{split} results of {source}:", f"{'ranking':<16}" + "".join(f"{n:>11}" for n in names)]
@@ -48,5 +50,7 @@ def format_rankings(logged: dict[str, float], split: str, source: str) -> str:
         lines.append(f"{label:<16}" + "".join(f"{v:>11.3f}" if n == "MRR" else f"{v:>11.1f}" for n, v in zip(names, values)))
     weight = logged.get(f"hybrid_weight_{split}")
     if weight is not None:
-        lines.append(f"hybrid weight of the dense side: {float(weight):.1f} (chosen on this dataset's validation split)")
+        why = ("chosen on this dataset's validation split" if weight_chosen
+               else "no validation chose one for these premises, so hybrid is BM25")
+        lines.append(f"hybrid weight of the dense side: {float(weight):.1f} ({why})")
     return "\n".join(lines)
