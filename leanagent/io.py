@@ -123,7 +123,8 @@ def _loads(text: str, p: Path, lineno: int | None) -> Any:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise LeanAgentError(f"{p}:{lineno or e.lineno}: {what} ({e.msg})") from None
+        # json's message ends "... at" where its text gave the place: the column says where in the line
+        raise LeanAgentError(f"{p}:{lineno or e.lineno}: {what} ({e.msg.removesuffix(' at')} at column {e.colno})") from None
     except (RecursionError, ValueError) as e:
         if (reason := _parse_failure(e)) is None:
             raise

@@ -77,7 +77,7 @@ def test_bad_corpora_give_one_clear_error(tmp_path, records, message):
 def test_malformed_json_line_names_file_and_line(tmp_path):
     path = tmp_path / "corpus.jsonl"
     path.write_text(json.dumps({"path": "A.lean", "imports": [], "premises": []}) + "\n{not json\n")
-    with pytest.raises(LeanAgentError, match=r"corpus\.jsonl:2: malformed JSON line"):
+    with pytest.raises(LeanAgentError, match=r"corpus\.jsonl:2: malformed JSON line \(.* at column 2\)$"):
         Corpus.from_jsonl(path)
 
 
