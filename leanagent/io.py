@@ -30,6 +30,8 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     if p.is_dir():
         raise LeanAgentError(f"{what}: {p} is a folder, not a file")
     if not p.is_file():
+        if p.exists():  # a device, a pipe: nothing a loader can read twice
+            raise LeanAgentError(f"{what}: {p} is not a regular file")
         raise LeanAgentError(f"{what} not found: {p}")
     return p
 

@@ -129,6 +129,12 @@ def test_unreadable_inputs_give_one_error_naming_the_file(tmp_path, monkeypatch)
         Corpus.from_jsonl(bad)
     with pytest.raises(LeanAgentError, match="is a folder, not a file"):
         Corpus.from_jsonl(tmp_path)
+    from leanagent.io import require_file
+
+    with pytest.raises(LeanAgentError, match="data.corpus_path: /dev/null is not a regular file"):
+        require_file("/dev/null", "data.corpus_path")
+    with pytest.raises(LeanAgentError, match="data.corpus_path not found: "):
+        require_file(tmp_path / "missing.jsonl", "data.corpus_path")
     good = tmp_path / "good.jsonl"
     good.write_text('{"path": "A.lean", "imports": [], "premises": []}\n')
     import pathlib

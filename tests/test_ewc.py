@@ -90,6 +90,11 @@ def test_ewc_settings_that_cannot_work_are_refused():
         PremiseRetriever(model_name="byt5-tiny", ewc_lambda=0.5)
 
 
+def test_a_fisher_path_that_is_a_folder_says_so(tmp_path):
+    with pytest.raises(LeanAgentError, match=f"Fisher file: {tmp_path} is a folder, not a file"):
+        PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path), ewc_lambda=1.0)
+
+
 def test_fisher_whose_weights_changed_is_refused(retriever_checkpoint, tmp_path):
     fisher_for(retriever_checkpoint, tmp_path / "f.safetensors")
     checkpoint = torch.load(retriever_checkpoint, weights_only=True)

@@ -49,6 +49,8 @@ def save_fisher(
 
 def read_fisher_metadata(path: str | os.PathLike) -> dict[str, str]:
     p = Path(path)
+    if p.is_dir():
+        raise LeanAgentError(f"Fisher file: {p} is a folder, not a file")
     if not p.is_file():
         raise LeanAgentError(f"Fisher file not found: {p}")
     try:
