@@ -112,6 +112,16 @@ def test_premises_reprover_skips_are_skipped_and_counted_in_one_warning(tmp_path
     assert len(warnings) == 1 and "skipped 4 premise(s)" in warnings[0] and "1 null full_name" in warnings[0]
 
 
+def test_a_name_twice_in_one_file_is_warned_about(tmp_path, caplog):
+    records = [{"path": "A.lean", "imports": [], "premises": [premise("a1", 1, 2), premise("a1", 3, 4), premise("a2", 5, 6)]},
+               {"path": "B.lean", "imports": [], "premises": [premise("a1", 1, 2)]}]  # another file's a1 is another premise
+    with caplog.at_level("WARNING", logger="leanagent"):
+        corpus = load(tmp_path, records)
+    assert len(corpus) == 4
+    warnings = [r.getMessage() for r in caplog.records if "share a name" in r.getMessage()]
+    assert len(warnings) == 1 and "1 premise(s) share a name" in warnings[0] and "a1 in A.lean" in warnings[0]
+
+
 def test_premises_are_embedded_in_reprovers_serialized_form():
     from leanagent.corpus.corpus import serialize_premise
 

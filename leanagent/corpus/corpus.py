@@ -178,6 +178,15 @@ class Corpus:
             raise LeanAgentError(f"{path}: import cycle: {' -> '.join(cycle.files)}") from None
         if not names:
             raise LeanAgentError(f"{path}: no file of the corpus has a premise (every 'premises' list is empty or skipped)")
+        if len(corpus._by_name) < len(names):  # an annotation names (file, name): it can reach only one of them
+            seen_names: set[tuple[str, str]] = set()
+            twice = []
+            for key in ((paths[f], n) for f, n in zip(premise_file, names)):
+                if key in seen_names:
+                    twice.append(key)
+                seen_names.add(key)
+            log.warning("%s: %d premise(s) share a name with an earlier one of the same file (e.g. %s in %s); annotations "
+                        "resolve to the last of them", path, len(twice), twice[0][1], twice[0][0])
         return corpus
 
     def __len__(self) -> int:
