@@ -57,7 +57,11 @@ def read_theorems(split_file: str | os.PathLike) -> list:
 
 def load_tactic_states(split_file: str | os.PathLike, corpus: Corpus) -> TacticStates:
     """Read every traced tactic of a split; annotations pointing outside the corpus are counted, not fatal."""
-    theorems = read_theorems(split_file)
+    return tactic_states(read_theorems(split_file), corpus, split_file)
+
+
+def tactic_states(theorems: list, corpus: Corpus, split_file: str | os.PathLike) -> TacticStates:
+    """`load_tactic_states` of theorems already read from `split_file` (which errors name)."""
     out = TacticStates()
     for t, theorem in enumerate(theorems):
         where = f"{split_file}: theorem [{t}]"
@@ -100,6 +104,15 @@ def warn_unresolved(states: TacticStates, what: str) -> None:
     if states.unresolved:
         log.warning(
             "%s: skipped %d premise annotation(s) that point outside the corpus", what, states.unresolved
+        )
+
+
+def require_training_examples(states: TacticStates, split_file: str | os.PathLike, corpus_source: str | os.PathLike) -> None:
+    """A train split none of whose tactics names a premise of the corpus has nothing to learn from."""
+    if not any(states.positives):
+        raise LeanAgentError(
+            f"{split_file}: no training examples (no traced tactic has a premise annotation found in the corpus "
+            f"{corpus_source})"
         )
 
 

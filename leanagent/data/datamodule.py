@@ -25,7 +25,13 @@ from leanagent.data.datasets import EvalStates, TrainingPairs
 from leanagent.data.hard_negatives import shared_hard_negatives
 from leanagent.data.negatives import NegativeSampler
 from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
-from leanagent.corpus.tactics import TacticStates, load_tactic_states, require_positives, warn_unresolved
+from leanagent.corpus.tactics import (
+    TacticStates,
+    load_tactic_states,
+    require_positives,
+    require_training_examples,
+    warn_unresolved,
+)
 from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
 from leanagent.models.data_contract import OrdersTraining, Ranker, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
@@ -249,11 +255,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         """The train split's states, or one error naming train.json if none has a premise to learn from:
         checked before anything is mined from them (embedding a large corpus takes minutes)."""
         states = self.states("train")
-        if not any(states.positives):
-            raise LeanAgentError(
-                f"{self.data_path / 'train.json'}: no training examples "
-                "(no traced tactic has a premise annotation found in the corpus)"
-            )
+        require_training_examples(states, self.data_path / "train.json", self.corpus.source)
         return states
 
     @property

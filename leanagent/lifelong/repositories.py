@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leanagent.corpus.corpus import Corpus
-from leanagent.corpus.tactics import load_tactic_states, read_theorems, require_positives
+from leanagent.corpus.tactics import read_theorems, require_positives, require_training_examples, tactic_states
 from leanagent.errors import LeanAgentError
 from leanagent.io import write_json
 
@@ -116,11 +116,12 @@ def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
     return out
 
 
-def check_splits(repos: dict[str, Path], split: str) -> dict[str, dict[str, list[dict]]]:
+def check_splits(repos: dict[str, Path], split: str, train_alone: bool = True) -> dict[str, dict[str, list[dict]]]:
     """Each repository needs traced theorems in train (its stage's fit), val (the checkpoint and hybrid's weight)
     and test (its column of the matrix), every tactic well formed, and premises of the repository's corpus in
-    each split: a repository without them is refused before the first stage, not when its own stage comes,
-    hours into a run. Returns what it read, for the curriculum."""
+    val and test, and in train where its stage trains on it alone (`train_alone`; a merge_all stage trains on
+    the earlier repositories too): a repository without them is refused before the first stage, not when its
+    own stage comes, hours into a run. Returns what it read, for the curriculum."""
     loaded = {}
     for name, root in repos.items():
         loaded[name] = read_splits(name, root, split)
@@ -130,16 +131,13 @@ def check_splits(repos: dict[str, Path], split: str) -> dict[str, dict[str, list
                     f"{root / split / part}.json: repository {name!r} has no theorem with traced tactics in its {part} split"
                 )
         corpus = Corpus.from_jsonl(root / "corpus.jsonl")
-        for part in ("train", "val", "test"):  # every tactic read as its stage's fit reads it
+        for part in ("train", "val", "test"):  # every tactic as a fit reads it
             path = root / split / f"{part}.json"
-            states = load_tactic_states(path, corpus)
+            states = tactic_states(loaded[name][part], corpus, path)
             if part != "train":
                 require_positives(states, path, corpus.source)
-            elif not any(states.positives):
-                raise LeanAgentError(
-                    f"{path}: repository {name!r} has no training examples (no traced tactic has a premise "
-                    f"annotation found in the corpus {corpus.source})"
-                )
+            elif train_alone:
+                require_training_examples(states, path, corpus.source)
     return loaded
 
 

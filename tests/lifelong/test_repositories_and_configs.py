@@ -51,7 +51,7 @@ NO_TRACES = "repository 'bad' has no theorem with traced tactics"
 @pytest.mark.parametrize("part, content, fragment", [
     ("val", [], NO_TRACES), ("val", [{"full_name": "t", "traced_tactics": []}], NO_TRACES),
     ("val", [theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "none of its 1 tactic states has a premise"),
-    ("train", [theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "repository 'bad' has no training examples"),
+    ("train", [theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "no training examples \\(no traced tactic has a premise"),
     ("train", [{**theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])]), "traced_tactics": [{"tactic": "simp"}]}],
      r"traced_tactics\[0\]"),
 ], ids=["val-empty", "val-untraced", "val-premises-outside-the-corpus", "train-premises-outside-the-corpus", "train-malformed-tactic"])
@@ -69,6 +69,8 @@ def test_a_repository_without_usable_splits_is_refused_before_any_stage(tmp_path
     assert list(check_splits({"good": repos["good"]}, "random")["good"]["val"]) == traced
     with pytest.raises(LeanAgentError, match=f"bad/random/{part}.json: .*{fragment}"):
         check_splits(repos, "random")
+    if "no training examples" in fragment:  # a merge_all stage trains on the earlier repositories' examples too
+        assert check_splits(repos, "random", train_alone=False)["bad"]["train"] == content
     out = tmp_path / "out"
     with pytest.raises(LeanAgentError, match=f"bad/random/{part}.json: .*{fragment}"):
         LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec)).run()
