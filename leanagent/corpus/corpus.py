@@ -86,6 +86,24 @@ def _field(record: object, name: str, kind: type | tuple[type, ...], where: str)
     return value
 
 
+def skipped_premise(premise: object) -> str | None:
+    """Why a corpus entry is skipped as ReProver's loader skips it, or None; a missing `full_name` is no reason
+    (`premise_fields` refuses it), a null one is."""
+    named = isinstance(premise, dict) and "full_name" in premise
+    return skip_reason(premise["full_name"], premise.get("code")) if named else None
+
+
+def premise_fields(premise: object, where: str) -> tuple[str, str, int, int]:
+    """(full_name, code, start key, end key) of a corpus premise that is not skipped, or one error naming the field:
+    the corpus reader's rule, which `merge` applies to its sources too."""
+    return (
+        _field(premise, "full_name", str, where),
+        _field(premise, "code", str, where),
+        position_key(_field(premise, "start", list, where), f"{where}.start"),
+        position_key(_field(premise, "end", list, where), f"{where}.end"),
+    )
+
+
 class Corpus:
     """All premises of a LeanDojo `corpus.jsonl`, with the import closure of every file."""
 
@@ -142,16 +160,15 @@ class Corpus:
             paths.append(file_path)
             raw_imports.append((lineno, file_imports))
             for k, premise in enumerate(premises):
-                pwhere = f"{where}: premises[{k}]"
-                named = isinstance(premise, dict) and "full_name" in premise  # a missing key is an error, a null one skipped
-                reason = skip_reason(premise["full_name"], premise.get("code")) if named else None
+                reason = skipped_premise(premise)
                 if reason is not None:
                     skipped[reason] = skipped.get(reason, 0) + 1
                     continue
-                names.append(_field(premise, "full_name", str, pwhere))
-                codes.append(_field(premise, "code", str, pwhere))
-                starts.append(position_key(_field(premise, "start", list, pwhere), f"{pwhere}.start"))
-                ends.append(position_key(_field(premise, "end", list, pwhere), f"{pwhere}.end"))
+                name, code, start, end = premise_fields(premise, f"{where}: premises[{k}]")
+                names.append(name)
+                codes.append(code)
+                starts.append(start)
+                ends.append(end)
                 premise_file.append(file_id)
         if not paths:
             raise LeanAgentError(f"{path}: the corpus is empty")

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leanagent.corpus.corpus import skip_reason
+from leanagent.corpus.corpus import premise_fields, skipped_premise
 from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.corpus.provenance import write_manifest
 from leanagent.corpus.tactics import read_theorems
@@ -85,12 +85,6 @@ class _File:
     rebuild: bool = False
 
 
-def _position(value: Any) -> bool:
-    return isinstance(value, list) and len(value) == 2 and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    )
-
-
 def _check_corpus_record(rec: Any, where: str) -> None:
     if not isinstance(rec, dict) or not isinstance(rec.get("path"), str) or not rec["path"]:
         raise LeanAgentError(f"{where}: corpus line needs a non-empty string 'path'")
@@ -101,14 +95,9 @@ def _check_corpus_record(rec: Any, where: str) -> None:
     if not isinstance(premises, list):
         raise LeanAgentError(f"{where}: 'premises' of {rec['path']} must be a list")
     for k, p in enumerate(premises):
-        if isinstance(p, dict) and "full_name" in p and skip_reason(p["full_name"], p.get("code")) is not None:
-            continue  # every reader skips it, as ReProver's loader does (a null full_name, ...)
-        if (not isinstance(p, dict) or not isinstance(p.get("full_name"), str) or not isinstance(p.get("code"), str)
-                or not _position(p.get("start")) or not _position(p.get("end"))):
-            # what a fit's corpus reader needs: a merge that copied it would fail there, naming the merged file
-            raise LeanAgentError(
-                f"{where}: premise #{k} of {rec['path']} needs a string 'full_name' and 'code' and [line, col] 'start' and 'end'"
-            )
+        if skipped_premise(p) is None:  # every reader skips the others, as ReProver's loader does (a null full_name, ...)
+            # the fit's corpus reader's rule: a merge that copied the record would fail there, naming the merged file
+            premise_fields(p, f"{where}: premises[{k}] of {rec['path']}")
 
 
 def _read_corpora(sources: list[Path]) -> dict[str, _File]:
@@ -137,7 +126,7 @@ def _read_corpora(sources: list[Path]) -> dict[str, _File]:
                     seen.imports.append(imp)
                     seen.import_origin[imp] = where
             for p in rec["premises"]:
-                if skip_reason(p.get("full_name"), p.get("code")) is not None:
+                if skipped_premise(p) is not None:
                     continue  # left out of a rebuilt record; a record written as it came keeps it
                 if p["full_name"] in seen.premises:
                     seen.rebuild = True

@@ -244,7 +244,7 @@ def test_split_selection(sources, tmp_path):
 
 def test_malformed_records_are_named(tmp_path):
     bad_premise = write_dataset(tmp_path / "p", [corpus_file("A.lean", [], [{"full_name": "x"}])], {"random": {}})
-    with pytest.raises(LeanAgentError, match=r"p/corpus.jsonl:1: premise #0 of A.lean"):
+    with pytest.raises(LeanAgentError, match=r"p/corpus.jsonl:1: premises\[0\] of A.lean: missing field"):
         merge_datasets([bad_premise], tmp_path / "o1", split="random")
     bad_thm = write_dataset(tmp_path / "t", [corpus_file("A.lean", [], [])], {"random": {"val": [{"full_name": "x"}]}})
     with pytest.raises(LeanAgentError, match=r"t/random/val.json: theorem #0 needs"):
@@ -253,7 +253,7 @@ def test_malformed_records_are_named(tmp_path):
         merge_datasets([], tmp_path / "o3")
 
 
-@pytest.mark.parametrize("case", ["no-code", "no-end", "no-full_name", "file-listed-twice"])
+@pytest.mark.parametrize("case", ["no-code", "no-end", "no-full_name", "negative-start", "file-listed-twice"])
 def test_a_merge_refuses_what_a_fit_would_refuse(tmp_path, case):
     """Copied into the merge, such a record would fail the fit that reads it, naming the merged file, not the source."""
     from leanagent.corpus.corpus import Corpus
@@ -262,6 +262,7 @@ def test_a_merge_refuses_what_a_fit_would_refuse(tmp_path, case):
     files = {"no-code": [corpus_file("A.lean", [], [{k: v for k, v in good.items() if k != "code"}])],
              "no-end": [corpus_file("A.lean", [], [{k: v for k, v in good.items() if k != "end"}])],
              "no-full_name": [corpus_file("A.lean", [], [good, {k: v for k, v in good.items() if k != "full_name"}])],
+             "negative-start": [corpus_file("A.lean", [], [{**good, "start": [-1, 0]}])],
              "file-listed-twice": [corpus_file("A.lean", [], [good]), corpus_file("A.lean", [], [good])]}[case]
     source = write_dataset(tmp_path / "s", files, {"random": {}})
     with pytest.raises(LeanAgentError, match=r"s/corpus.jsonl:\d"):
