@@ -47,9 +47,11 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
     # from the memory map), random bytes, an unsafe pickle; torch raises many types.
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        first = first if len(first) <= 200 else first[:200].rsplit(". ", 1)[0] + ". ..."  # whole sentences
-        if "central directory" in first:  # torch's zip reader on a file cut short
-            first = "truncated: its zip archive has no central directory"
+        if len(first) > 200:  # whole sentences, else whole words
+            head = first[:200]
+            first = head.rsplit(". ", 1)[0] + ". ..." if ". " in head else head.rsplit(" ", 1)[0] + " ..."
+        if "central directory" in first:  # torch's zip reader on a file cut short (or its end overwritten)
+            first = "truncated or damaged: its zip archive has no central directory"
         if type(e).__name__ == "UnpicklingError":  # torch's text advises weights_only=False, which we never do
             first = "not a torch checkpoint, or it holds objects other than tensors and plain data"
         raise LeanAgentError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,11 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
     if subcommand == "fit" and monitors and config.trainer.get("limit_val_batches") in (0, 0.0):
         raise LeanAgentError(
             f"trainer.limit_val_batches is 0, so no epoch is validated, but {', '.join(monitors)} "
-            "(the best checkpoint and early stopping need it): leave it unset or positive, or remove those callbacks")
+            "(the best checkpoint and early stopping need it): leave it unset or positive, or give a config whose "
+            "trainer.callbacks list leaves those out")
+    if subcommand == "fit" and config.get("test_after_fit") and config.trainer.get("limit_test_batches") in (0, 0.0):
+        raise LeanAgentError("trainer.limit_test_batches is 0, but test_after_fit tests the fit: the test would read "
+                             "no batch (leave it unset, or set test_after_fit=false)")
 
 
 def validation_monitors(config: Namespace) -> list[str]:
@@ -94,7 +99,7 @@ def validation_monitors(config: Namespace) -> list[str]:
     for callback in config.trainer.get("callbacks") or []:
         init_args = callback.get("init_args") if isinstance(callback, Namespace) else None
         monitor = init_args.get("monitor") if isinstance(init_args, Namespace) else None
-        if isinstance(monitor, str) and "_val" in monitor:
+        if isinstance(monitor, str) and re.search(r"_val(/|$)", monitor):  # Recall@10_val, Recall@10_val/hybrid
             found.append(f"{str(callback.get('class_path')).rsplit('.', 1)[-1]} monitors {monitor}")
     return found
 

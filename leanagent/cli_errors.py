@@ -32,10 +32,12 @@ def check_config_files(argv: list[str]) -> None:
         replacement = REPLACED_CONFIGS.get(Path(path).name)
         if replacement and not Path(path).exists():
             raise LeanAgentError(f"--config {path}: this config was replaced by overlays; give {replacement}")
+        if not Path(path).is_file():
+            continue  # a missing file or a folder: jsonargparse says which (a pipe is left to it, unread)
         try:
             Path(path).read_bytes().decode("utf-8")
         except OSError:
-            continue  # a missing file or a folder: jsonargparse says which
+            continue
         except UnicodeDecodeError as e:
             raise LeanAgentError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
@@ -105,7 +107,8 @@ def user_error(error: BaseException | None) -> LeanAgentError | None:
             return write_failed(error)
         if isinstance(error, ValueError) and str(error).strip().startswith("`val_check_interval` ("):
             # Lightning's, raised once the fit knows its batch count: a setting, not a bug
-            return LeanAgentError(f"trainer.{str(error).strip().replace('`', '').split('. If you want')[0]}")
+            return LeanAgentError(f"trainer.{str(error).strip().replace('`', '').split('. If you want')[0]} of an epoch "
+                                  "(or set trainer.check_val_every_n_epoch=null to count batches across epochs)")
         if isinstance(error, ModuleNotFoundError) and str(error).startswith("Requirement '"):
             # Lightning's optional packages (a config naming WandbLogger without wandb): "Requirement 'wandb>=...'
             # not met. HINT: Try running `pip install -U 'wandb>=...'`"

@@ -229,7 +229,9 @@ def sort_safetensors_metadata(path: str | os.PathLike) -> None:
     with open(path, "r+b") as f:
         size = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(size))
-        header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+        if "__metadata__" not in header:
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
         text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
         if len(text) <= size:
             f.seek(8)

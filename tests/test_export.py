@@ -78,11 +78,12 @@ def test_an_export_away_from_the_fit_s_data_warns_that_the_record_has_no_fingerp
     torch.save(saved, tmp_path / "fit.ckpt")
     run_export(monkeypatch, str(tmp_path / "fit.ckpt"), "--command", "x", "--out-dir", str(tmp_path / "out"))
     err = capsys.readouterr().err
-    assert err.startswith("warning: the fit's data is not here") and str(gone / "corpus.jsonl") in err
+    assert err.startswith("warning: the fit's data is not all here") and str(gone / "corpus.jsonl") in err
     assert json.loads((tmp_path / "out" / "leanagent-base.json").read_text())["data_sha256"] == {}
     (gone / "random").mkdir(parents=True)
     (gone / "corpus.jsonl").write_text("corpus\n")
-    (gone / "random" / "train.json").write_text("[]")
+    for split in ("train", "val", "test"):
+        (gone / "random" / f"{split}.json").write_text("[]")
     run_export(monkeypatch, str(tmp_path / "fit.ckpt"), "--command", "x", "--out-dir", str(tmp_path / "out2"))
     assert "warning" not in capsys.readouterr().err  # the data is back where the fit read it
 

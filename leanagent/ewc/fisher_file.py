@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 
 from leanagent.errors import LeanAgentError
-from leanagent.io import write_safetensors
+from leanagent.io import require_file, write_safetensors
 
 
 def weights_fingerprint(state: dict[str, torch.Tensor]) -> str:
@@ -49,10 +49,7 @@ def save_fisher(
 
 def read_fisher_metadata(path: str | os.PathLike) -> dict[str, str]:
     p = Path(path)
-    if p.is_dir():
-        raise LeanAgentError(f"Fisher file: {p} is a folder, not a file")
-    if not p.is_file():
-        raise LeanAgentError(f"Fisher file not found: {p}")
+    require_file(p, "Fisher file")
     try:
         with safe_open(str(p), framework="pt") as f:
             metadata = dict(f.metadata() or {})

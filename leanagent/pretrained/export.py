@@ -14,6 +14,7 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.corpus.provenance import merged_from
@@ -61,11 +62,15 @@ def export(
     out_dir.mkdir(parents=True, exist_ok=True)
     save_encoder(weights, tensors, hparams["model_name"])
     fingerprints = data_fingerprints(Path(data["data_path"]), Path(data["corpus_path"])) if data else {}
-    unread = [str(f) for f in (Path(data["corpus_path"]), Path(data["data_path"]) / "train.json")
-              if str(f) not in fingerprints] if data else ["the checkpoint names no data"]
-    if unread:  # a record without them cannot say what the weights were trained on
-        print(f"warning: the fit's data is not here ({', '.join(unread)}): the record has no fingerprint of it; "
-              "export where the fit's data is", file=sys.stderr)
+    if not data:
+        print("warning: the checkpoint names no data (no datamodule settings): the record has no fingerprint of it",
+              file=sys.stderr)
+    else:
+        unread = [f for f in (Path(data["corpus_path"]), *(Path(data["data_path"]) / f"{p}.json" for p in ("train", "val", "test")))
+                  if str(f) not in fingerprints]
+        if unread:  # a record without them cannot say what the weights were trained and selected on
+            print(f"warning: the fit's data is not all here ({', '.join(map(str, unread))}): the record has no "
+                  "fingerprint of it; export where the fit's data is", file=sys.stderr)
     monitor = {k: float(v["best_model_score"]) for k, v in (checkpoint.get("callbacks") or {}).items()
                if isinstance(v, dict) and v.get("best_model_score") is not None}
     record = {
@@ -92,7 +97,7 @@ def export(
 class _Parser(argparse.ArgumentParser):
     """argparse's errors as the app gives them: one `error:` line (argparse prints its usage first)."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         print(f"error: {message} (python -m leanagent.pretrained.export --help)", file=sys.stderr)
         sys.exit(2)
 
