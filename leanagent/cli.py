@@ -219,8 +219,7 @@ class LeanAgentCLI(LightningCLI):
         with stop_on_signals("the test after fit", advice):
             logged = self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None, verbose=False)
         if self.trainer.is_global_zero and logged:
-            premises = getattr(getattr(self.datamodule, "corpus", None), "premise_set_key", None)
-            chosen = premises in getattr(self.model, "hybrid_weights", {})
+            chosen = bool(getattr(self.model, "hybrid_weight_chosen", False))
             print(format_rankings(logged[0], "test", best or "the final weights", chosen), flush=True)
 
 

@@ -252,6 +252,11 @@ class PremiseRetriever(pl.LightningModule):
         """The weight validation chose for this premise set, else DEFAULT_HYBRID_WEIGHT (BM25; hybrid_weights.py)."""
         return weight_for(self.hybrid_weights, self._premise_set())
 
+    @property
+    def hybrid_weight_chosen(self) -> bool:
+        """Whether a validation chose hybrid's weight for this premise set (else hybrid is BM25's fallback)."""
+        return self._premise_set() in self.hybrid_weights
+
     def _mode_weight(self, mode: str) -> float:
         return mode_weight(mode, self.hybrid_weights, self._premise_set())
 

@@ -38,7 +38,7 @@ def retrieval_metrics(retrieved: torch.Tensor, positives: torch.Tensor, ks: tupl
     return torch.stack([c * has_positive for c in columns] + [has_positive], dim=1)
 
 
-def format_rankings(logged: dict[str, float], split: str, source: str, weight_chosen: bool = True) -> str:
+def format_rankings(logged: dict[str, float], split: str, source: str, weight_chosen: bool) -> str:
     """The trained (dense) ranking beside BM25 and hybrid, one row each, as validate/test logged them.
 
     `weight_chosen`: a validation chose hybrid's weight for these premises (else hybrid is BM25's fallback)."""
