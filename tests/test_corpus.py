@@ -118,8 +118,12 @@ def test_a_name_twice_in_one_file_is_warned_about(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="leanagent"):
         corpus = load(tmp_path, records)
     assert len(corpus) == 4
-    warnings = [r.getMessage() for r in caplog.records if "share a name" in r.getMessage()]
-    assert len(warnings) == 1 and "1 premise(s) share a name" in warnings[0] and "a1 in A.lean" in warnings[0]
+    warnings = [r.getMessage() for r in caplog.records if "listed twice" in r.getMessage()]
+    assert len(warnings) == 1 and "1 name(s) are listed twice" in warnings[0] and "a1 in A.lean" in warnings[0]
+    first, second = corpus.locate("A.lean", "a1", [1, 5]), corpus.locate("A.lean", "a1", [3, 5])
+    assert (corpus.start_keys[first], corpus.start_keys[second]) == (position_key([1, 1], ""), position_key([3, 1], ""))
+    assert corpus.locate("A.lean", "a1") == second  # without a position: the last, as before
+    assert corpus.locate("B.lean", "a1", [1, 5]) == 3 and corpus.locate("A.lean", "a2", [9, 9]) == 2
 
 
 def test_premises_are_embedded_in_reprovers_serialized_form():

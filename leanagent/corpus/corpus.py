@@ -132,6 +132,12 @@ class Corpus:
         if not np.all(np.diff(self.premise_file) >= 0):
             raise ValueError("premises must be grouped by file in corpus order")
         self._by_name = {(paths[f], n): i for i, (f, n) in enumerate(zip(self.premise_file.tolist(), names))}
+        # (file, name) pairs listed more than once: locate() tells them apart by position where it can
+        self._ambiguous = set()
+        if len(self._by_name) < len(names):
+            seen: set[tuple[str, str]] = set()
+            for key in ((paths[f], n) for f, n in zip(self.premise_file.tolist(), names)):
+                (self._ambiguous if key in seen else seen).add(key)
         self.closure = self._import_closure()
         self._torch_cache: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
@@ -195,15 +201,11 @@ class Corpus:
             raise LeanAgentError(f"{path}: import cycle: {' -> '.join(cycle.files)}") from None
         if not names:
             raise LeanAgentError(f"{path}: no file of the corpus has a premise (every 'premises' list is empty or skipped)")
-        if len(corpus._by_name) < len(names):  # an annotation names (file, name): it can reach only one of them
-            seen_names: set[tuple[str, str]] = set()
-            twice = []
-            for key in ((paths[f], n) for f, n in zip(premise_file, names)):
-                if key in seen_names:
-                    twice.append(key)
-                seen_names.add(key)
-            log.warning("%s: %d premise(s) share a name with an earlier one of the same file (e.g. %s in %s); annotations "
-                        "resolve to the last of them", path, len(twice), twice[0][1], twice[0][0])
+        if corpus._ambiguous:
+            example = min(corpus._ambiguous)
+            log.warning("%s: %d name(s) are listed twice or more in one file (e.g. %s in %s); an annotation of such a "
+                        "name is resolved by its def_pos, or else to the last of them", path, len(corpus._ambiguous),
+                        example[1], example[0])
         return corpus
 
     def __len__(self) -> int:
@@ -246,9 +248,11 @@ class Corpus:
         return closure
 
     def locate(self, def_path: str, full_name: str, def_pos: object = None) -> int | None:
-        """Find an annotated premise by name in its file, falling back to the position (ReProver's rule)."""
+        """Find an annotated premise by name in its file, falling back to the position (ReProver's rule); a name
+        the file lists twice is told apart by the position too."""
         found = self._by_name.get((def_path, full_name))
-        if found is not None or def_pos is None:
+        ambiguous = found is not None and (def_path, full_name) in self._ambiguous
+        if (found is not None and not ambiguous) or def_pos is None:
             return found
         file_id = self.file_index.get(def_path)
         if file_id is None:
@@ -256,10 +260,13 @@ class Corpus:
         try:
             key = position_key(def_pos, "def_pos")
         except LeanAgentError:
-            return None
+            return found
         lo, hi = self.file_ranges[file_id]
-        inside = np.flatnonzero((self.start_keys[lo:hi] <= key) & (key <= self.end_keys[lo:hi]))
-        return int(lo + inside[0]) if len(inside) else None
+        inside = lo + np.flatnonzero((self.start_keys[lo:hi] <= key) & (key <= self.end_keys[lo:hi]))
+        if ambiguous:
+            inside = [i for i in inside if self.names[i] == full_name]
+            return int(inside[0]) if len(inside) else found
+        return int(inside[0]) if len(inside) else None
 
     def accessible_in_file(self, file_id: int, pos_key: int) -> np.ndarray:
         """Ids of premises of `file_id` that end before `pos_key`."""
