@@ -109,10 +109,11 @@ def user_error(error: BaseException | None) -> LeanAgentError | None:
             # Lightning's, raised once the fit knows its batch count: a setting, not a bug
             return LeanAgentError(f"trainer.{str(error).strip().replace('`', '').split('. If you want')[0]} of an epoch "
                                   "(or set trainer.check_val_every_n_epoch=null to count batches across epochs)")
-        if isinstance(error, ModuleNotFoundError) and str(error).startswith("Requirement '"):
-            # Lightning's optional packages (a config naming WandbLogger without wandb): "Requirement 'wandb>=...'
-            # not met. HINT: Try running `pip install -U 'wandb>=...'`"
-            return LeanAgentError(f"a package the config needs is not installed: {error}")
+        if isinstance(error, ModuleNotFoundError) and not (error.name or "").startswith("leanagent"):
+            # A package missing from this environment, such as Lightning's optional ones (a config naming WandbLogger
+            # without wandb: "Requirement 'wandb>=...' not met. HINT: ..."); a module of our own missing is a bug.
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            return LeanAgentError(f"a package the config needs is not installed: {first}")
         seen.add(id(error))
         error = error.__cause__ or error.__context__
     return None

@@ -70,6 +70,18 @@ def test_a_logger_whose_package_is_missing_says_which(capsys, in_tmp, toy_datase
     assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "checkpoints").exists()
 
 
+def test_a_missing_package_is_a_user_error_but_a_missing_module_of_ours_is_a_bug():
+    from leanagent.cli_errors import user_error
+
+    tensorboard = ModuleNotFoundError("Neither `tensorboard` nor `tensorboardX` is available. Try `pip install`ing either.")
+    assert "not installed: Neither `tensorboard`" in str(user_error(tensorboard))
+    for name in ("leanagent.no_such_module", "no_such_package"):
+        try:
+            __import__(name)
+        except ModuleNotFoundError as e:
+            assert (user_error(e) is None) == name.startswith("leanagent"), name
+
+
 @pytest.mark.parametrize("name", ["missing.yaml", "folder"])
 def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
     (in_tmp / "folder").mkdir()
