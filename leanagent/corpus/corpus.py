@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import re
+from collections import Counter
 
 import numpy as np
 import torch
@@ -133,11 +134,10 @@ class Corpus:
             raise ValueError("premises must be grouped by file in corpus order")
         self._by_name = {(paths[f], n): i for i, (f, n) in enumerate(zip(self.premise_file.tolist(), names))}
         # (file, name) pairs listed more than once: locate() tells them apart by position where it can
-        self._ambiguous = set()
+        self._ambiguous: set[tuple[str, str]] = set()
         if len(self._by_name) < len(names):
-            seen: set[tuple[str, str]] = set()
-            for key in ((paths[f], n) for f, n in zip(self.premise_file.tolist(), names)):
-                (self._ambiguous if key in seen else seen).add(key)
+            listed = Counter((paths[f], n) for f, n in zip(self.premise_file.tolist(), names))
+            self._ambiguous = {key for key, count in listed.items() if count > 1}
         self.closure = self._import_closure()
         self._torch_cache: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 

@@ -231,7 +231,8 @@ class LifelongRun:
         """The repositories, their order and the run's state, checked before the first stage."""
         s = self.settings
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
-        order = repository_order(s, repos, check_splits(repos, s.split, s.construction == "single_repo"))  # before output_dir is made
+        splits = check_splits(repos, s.split, train_alone=s.construction == "single_repo")
+        order = repository_order(s, repos, splits)  # before output_dir is made
         self.out.mkdir(parents=True, exist_ok=True)
         state = self._load_state(order)
         if state["stages"]:

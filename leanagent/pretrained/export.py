@@ -23,9 +23,9 @@ from leanagent.io import file_fingerprints, file_sha256, write_json
 from leanagent.pretrained import SHIPPED_DIR, save_encoder
 
 
-def data_fingerprints(data_path: Path, corpus_path: Path) -> dict[str, str]:
-    files = [corpus_path, *(data_path / f"{split}.json" for split in ("train", "val", "test"))]
-    return file_fingerprints(files)
+def data_files(data_path: Path, corpus_path: Path) -> list[Path]:
+    """The files a fit on this data reads: the corpus and the split folder's three splits."""
+    return [corpus_path, *(data_path / f"{split}.json" for split in ("train", "val", "test"))]
 
 
 def git_commit() -> str | None:
@@ -61,16 +61,15 @@ def export(
     weights = out_dir / f"{name}.safetensors"
     out_dir.mkdir(parents=True, exist_ok=True)
     save_encoder(weights, tensors, hparams["model_name"])
-    fingerprints = data_fingerprints(Path(data["data_path"]), Path(data["corpus_path"])) if data else {}
+    files = data_files(Path(data["data_path"]), Path(data["corpus_path"])) if data else []
+    fingerprints = file_fingerprints(files)
+    unread = [str(f) for f in files if str(f) not in fingerprints]
     if not data:
         print("warning: the checkpoint names no data (no datamodule settings): the record has no fingerprint of it",
               file=sys.stderr)
-    else:
-        unread = [f for f in (Path(data["corpus_path"]), *(Path(data["data_path"]) / f"{p}.json" for p in ("train", "val", "test")))
-                  if str(f) not in fingerprints]
-        if unread:  # a record without them cannot say what the weights were trained and selected on
-            print(f"warning: the fit's data is not all here ({', '.join(map(str, unread))}): the record has no "
-                  "fingerprint of it; export where the fit's data is", file=sys.stderr)
+    elif unread:  # a record without them cannot say what the weights were trained and selected on
+        print(f"warning: the fit's data is not all here ({', '.join(unread)}): the record has no fingerprint of it; "
+              "export where the fit's data is", file=sys.stderr)
     monitor = {k: float(v["best_model_score"]) for k, v in (checkpoint.get("callbacks") or {}).items()
                if isinstance(v, dict) and v.get("best_model_score") is not None}
     record = {
