@@ -279,7 +279,6 @@ def test_lifelong_evaluation_reports_dense_and_hybrid_with_each_datasets_own_wei
     assert logged["Recall@10_test"] == pytest.approx(results["Recall@10"])
 
 
-
 def test_a_fit_that_never_validated_says_its_hybrid_is_bm25(tmp_path, monkeypatch, toy_dataset, capsys):
     """The table after `test_after_fit` must not call a fallback weight chosen: here no epoch was validated."""
     from leanagent.cli import main
