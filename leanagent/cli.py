@@ -16,7 +16,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
-from leanagent.callbacks.progressive import ProgressiveTraining, plan_max_epochs
+from leanagent.callbacks.progressive import ProgressiveTraining, first_epoch, plan_max_epochs
 from leanagent.checkpoint_files import check_resumable, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.distributed import (
@@ -33,6 +33,7 @@ from leanagent.cli_config import (
     check_device_count,
     check_outputs_writable,
     check_seed,
+    check_some_epoch_validated,
     check_trainer_values,
     model_init_args,
     note_log_dir,
@@ -172,6 +173,7 @@ class LeanAgentCLI(LightningCLI):
             config.trainer.max_epochs = plan_max_epochs(
                 getattr(self, "_checkpoint", None), explicit, int(progressive.epochs_per_repo), config.trainer.max_steps
             )
+            check_some_epoch_validated(config, first_epoch(getattr(self, "_checkpoint", None)), config.trainer.max_epochs)
             if config.trainer.max_epochs == -1:
                 log.info("rank %s: this fit trains to max_steps=%d (trainer.max_epochs -1: no epoch limit)",
                          os.environ.get("LOCAL_RANK", "0"), config.trainer.max_steps)

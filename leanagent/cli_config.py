@@ -93,6 +93,20 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
                              "no batch (leave it unset, or set test_after_fit=false)")
 
 
+def check_some_epoch_validated(config: Namespace, start: int, max_epochs: int) -> None:
+    """A fit whose epochs all fall between validations: Lightning validates epoch e (from 0) only when e + 1 is a
+    multiple of check_val_every_n_epoch, and a monitoring callback then never sees its metric, without a word."""
+    every = config.trainer.get("check_val_every_n_epoch")
+    monitors = validation_monitors(config)
+    if not monitors or not isinstance(every, int) or every < 1 or max_epochs < 0 or max_epochs // every > start // every:
+        return
+    epochs = f"epoch {start}" if max_epochs - start == 1 else f"epochs {start} to {max_epochs - 1}"
+    raise LeanAgentError(
+        f"trainer.check_val_every_n_epoch is {every}, so this fit, which trains {epochs} (from 0), validates none of "
+        f"them, but {', '.join(monitors)} (the best checkpoint and early stopping need it): give a value of at most "
+        f"{max_epochs - start}, or train more epochs")
+
+
 def validation_monitors(config: Namespace) -> list[str]:
     """'Callback monitors metric' for each configured callback that monitors a validation metric."""
     found = []

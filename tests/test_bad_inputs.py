@@ -110,6 +110,7 @@ def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
         ("--trainer.accelerator=nonsense", "trainer: You selected an invalid accelerator name"),
         ("--trainer.val_check_interval=0", "trainer.val_check_interval must be a positive"),
         ("--trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch must be a positive"),
+        ("--trainer.check_val_every_n_epoch=100", "so this fit, which trains epochs 0 to 1 (from 0), validates none of"),
         ("--trainer.gradient_clip_val=-1", "trainer.gradient_clip_val must be a non-negative number"),
         ("--trainer.devices=[0]", "trainer: `devices` selected with `CPUAccelerator` should be an int"),  # a GPU list on a CPU
     ],

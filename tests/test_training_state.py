@@ -11,10 +11,10 @@ import torch
 from jsonargparse import Namespace
 
 from leanagent.callbacks.checkpoints import ModelCheckpoint
-from leanagent.callbacks.progressive import plan_max_epochs
+from leanagent.callbacks.progressive import first_epoch, plan_max_epochs
 from leanagent.checkpoint_files import FIT_STATE_KEY, load_checkpoint, next_fit_start
 from leanagent.cli import LeanAgentCLI, adopt_checkpoint_hparams
-from leanagent.cli_config import use_final_last_checkpoint
+from leanagent.cli_config import check_some_epoch_validated, use_final_last_checkpoint
 from leanagent.errors import LeanAgentError
 from leanagent.models.fit_checkpoint import fit_state_entry
 from leanagent.models.schedule import warmup_cosine
@@ -36,6 +36,25 @@ def test_epoch_budget_fresh_resumed_interrupted_and_explicit():
     assert plan_max_epochs(checkpoint(2, 30, finished=True), 7, 1) == 7
     with pytest.raises(LeanAgentError, match="already trained 3 epoch"):
         plan_max_epochs(checkpoint(2, 30, finished=True), 3, 1)
+
+
+def test_a_fit_whose_epochs_all_fall_between_validations_is_refused_while_callbacks_monitor_them():
+    def config(every: int | None, monitor: str = "Recall@10_val") -> Namespace:
+        callback = Namespace(class_path="pytorch_lightning.callbacks.EarlyStopping", init_args=Namespace(monitor=monitor))
+        return Namespace(trainer=Namespace(check_val_every_n_epoch=every, callbacks=[callback]))
+
+    # Lightning validates epoch e (from 0) when e + 1 is a multiple of check_val_every_n_epoch.
+    for every, start, max_epochs in ((3, 0, 3), (2, 0, 3), (1, 5, 6), (None, 0, 1), (4, 3, 4), (3, 0, -1)):
+        check_some_epoch_validated(config(every), start, max_epochs)
+    check_some_epoch_validated(config(5, monitor="loss"), 0, 3)  # nothing needs validation
+    for every, start, max_epochs, epochs in ((4, 0, 3, "epochs 0 to 2"), (3, 3, 5, "epochs 3 to 4"), (2, 2, 3, "epoch 2")):
+        with pytest.raises(LeanAgentError, match=f"is {every}, so this fit, which trains {epochs} \\(from 0\\), validates none"
+                                                 f".*EarlyStopping monitors Recall@10_val.*at most {max_epochs - start}"):
+            check_some_epoch_validated(config(every), start, max_epochs)
+    # A resumed fit starts in the epoch it was interrupted in, or after the one a finished fit ended with.
+    assert first_epoch(None) == 0
+    assert first_epoch(checkpoint(1, 17, finished=False, max_epochs=3)) == 1
+    assert first_epoch(checkpoint(2, 30, finished=True)) == 3
 
 
 def test_no_epoch_limit_is_kept_when_max_steps_ends_the_fit_and_refused_when_nothing_does():

@@ -25,6 +25,14 @@ from leanagent.errors import LeanAgentError
 log = logging.getLogger("leanagent")
 
 
+def first_epoch(checkpoint: dict[str, Any] | None) -> int:
+    """The epoch a fit from this checkpoint starts in (from 0): an interrupted fit's own, else the next one."""
+    if checkpoint is None:
+        return 0
+    epoch = int(checkpoint.get("epoch", -1))
+    return epoch if not fit_state(checkpoint).finished else epoch + 1
+
+
 def plan_max_epochs(
     checkpoint: dict[str, Any] | None, explicit_max_epochs: int | None, epochs_per_repo: int, max_steps: int = -1
 ) -> int:
@@ -36,12 +44,11 @@ def plan_max_epochs(
     - A checkpoint whose fit was interrupted finishes that fit's plan.
     - Otherwise (fresh, or after a finished fit): the next epoch plus `epochs_per_repo`.
     """
+    start = first_epoch(checkpoint)
     if checkpoint is None:
-        start, planned = 0, epochs_per_repo
+        planned = epochs_per_repo
     else:
         state = fit_state(checkpoint)
-        epoch = int(checkpoint.get("epoch", -1))
-        start = epoch if not state.finished else epoch + 1
         planned = state.max_epochs if not state.finished else start + epochs_per_repo
     if explicit_max_epochs is None and planned >= 0:
         return planned
