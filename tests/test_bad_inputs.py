@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from leanagent.cli import main
+from leanagent.errors import LeanAgentError
+from leanagent.models.encoder import refuse_preset_typo
 from tests.conftest import REPO
 
 RETRIEVAL = str(REPO / "configs" / "retrieval.yaml")
@@ -398,3 +400,16 @@ def test_max_steps_mid_epoch_validates_the_last_step_for_checkpoints_and_early_s
     (validated,) = [row for row in rows if row.get("Recall@10_val")]
     assert int(validated["epoch"]) == 0
     assert [p.name for p in in_tmp.glob("checkpoints/retrieval/epoch=0-*.ckpt")]
+
+
+def test_a_model_name_a_letter_off_a_preset_is_refused_at_once(capsys, in_tmp, toy_dataset, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # without the check, the hub's loader (offline here) would answer
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.model_name=byt5-tinyy"],
+              "model_name 'byt5-tinyy' is not a built-in preset", "did you mean 'byt5-tiny'?")
+    assert not (in_tmp / "checkpoints").exists()
+    for name in ("ByT5-Mini", "byt5_cpu"):
+        with pytest.raises(LeanAgentError, match="did you mean"):
+            refuse_preset_typo(name)
+    (in_tmp / "byt5-tinyy").mkdir()  # a local model folder of that name, and hub names, are loaded as they are
+    for name in ("byt5-tinyy", "google/byt5-small", "t5-small", "byt5-small"):
+        refuse_preset_typo(name)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,6 +27,17 @@ def is_preset(model_name: str) -> bool:
     return model_name in PRESETS
 
 
+def refuse_preset_typo(model_name: str) -> None:
+    """A name a letter or two off a preset (not a local folder, no owner/ prefix) is a typo, not a hub model:
+    said at once, where loading it would first wait for the hub's connection timeout offline."""
+    if is_preset(model_name) or "/" in model_name or os.path.exists(model_name):
+        return
+    close = difflib.get_close_matches(model_name.lower(), PRESETS, n=1, cutoff=0.8)
+    if close:
+        raise LeanAgentError(f"model_name '{model_name}' is not a built-in preset ({', '.join(PRESETS)}): did you mean "
+                             f"'{close[0]}'? (a Hugging Face model is named owner/name, such as google/byt5-small)")
+
+
 def load_t5_encoder(model_name: str) -> nn.Module:
     """A T5EncoderModel, freshly initialised for a preset or loaded with `from_pretrained` otherwise."""
     from transformers import T5Config, T5EncoderModel
@@ -40,6 +54,7 @@ def load_t5_encoder(model_name: str) -> nn.Module:
         )
         config._attn_implementation = "eager"
         return T5EncoderModel(config)
+    refuse_preset_typo(model_name)
     try:
         return T5EncoderModel.from_pretrained(model_name, attn_implementation="eager")
     except (OSError, ValueError) as e:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from leanagent.errors import LeanAgentError
-from leanagent.models.encoder import is_preset
+from leanagent.models.encoder import is_preset, refuse_preset_typo
 
 PAD_ID = 0
 
@@ -59,4 +59,7 @@ class HFTokenizer:
 
 
 def load_tokenizer(model_name: str) -> ByteTokenizer | HFTokenizer:
-    return ByteTokenizer() if is_preset(model_name) else HFTokenizer(model_name)
+    if is_preset(model_name):
+        return ByteTokenizer()
+    refuse_preset_typo(model_name)
+    return HFTokenizer(model_name)
