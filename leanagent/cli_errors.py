@@ -35,11 +35,41 @@ def check_config_files(argv: list[str]) -> None:
         if not Path(path).is_file():
             continue  # a missing file or a folder: jsonargparse says which (a pipe is left to it, unread)
         try:
-            Path(path).read_bytes().decode("utf-8")
+            text = Path(path).read_bytes().decode("utf-8")
         except OSError:
             continue
         except UnicodeDecodeError as e:
             raise LeanAgentError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        twice = duplicate_key(text)
+        if twice:
+            key, line, first = twice
+            raise LeanAgentError(f"--config {path}:{line}: '{key}' is given twice in one mapping (first on line {first}); "
+                                 "YAML would keep the last and drop the other without a word: keep one")
+
+
+def duplicate_key(text: str) -> tuple[str, int, int] | None:
+    """(key, line, line of its first occurrence) of the first key a YAML mapping holds twice; None when there is
+    none or the text is not YAML (the parser then says why)."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    stack = [root] if root is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if key.value in seen:
+                        return key.value, key.start_mark.line + 1, seen[key.value]
+                    seen[key.value] = key.start_mark.line + 1
+            stack.extend(value for _, value in reversed(node.value))  # popped in the file's order
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
+    return None
 
 
 def summarize_parse_error(message: str, argv: list[str]) -> str:

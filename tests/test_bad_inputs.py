@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from leanagent.cli import main
+from leanagent.cli_errors import duplicate_key
 from leanagent.errors import LeanAgentError
 from leanagent.models.encoder import refuse_preset_typo
 from tests.conftest import REPO
@@ -59,6 +60,15 @@ def test_config_errors_name_the_file_and_key_in_one_line(capsys, in_tmp, content
 def test_a_config_that_is_not_utf8_says_so(capsys, in_tmp):
     (in_tmp / "latin1.yaml").write_bytes("data:\n  data_path: caf\u00e9\n".encode("latin-1"))
     one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "latin1.yaml", *ONE_CPU], "--config latin1.yaml: not UTF-8 text")
+
+
+def test_a_key_given_twice_in_one_config_mapping_is_refused(capsys, in_tmp):
+    (in_tmp / "twice.yaml").write_text("model:\n  init_args:\n    lr: 1.0e-3\n    warmup_steps: 5\n    lr: 2.0e-3\n")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "twice.yaml", *ONE_CPU],
+              "--config twice.yaml:5: 'lr' is given twice in one mapping (first on line 3)")
+    # The same key in different mappings, in two configs, or through a YAML merge key is composition, not a slip.
+    assert duplicate_key("a:\n  lr: 1\nb:\n  lr: 2\nbase: &b {x: 1}\nc:\n  <<: *b\n  y: 2\n") is None
+    assert duplicate_key("callbacks:\n  - {monitor: a}\n  - {monitor: b, mode: max, mode: min}\n") == ("mode", 3, 3)
 
 
 def test_a_logger_whose_package_is_missing_says_which(capsys, in_tmp, toy_dataset):
