@@ -38,6 +38,7 @@ from leanagent.cli_config import (
     model_init_args,
     note_log_dir,
     remove_unused_run_folders,
+    resolve_data_seed,
     resolve_special_ckpt_path,
     use_final_last_checkpoint,
 )
@@ -109,6 +110,7 @@ class LeanAgentCLI(LightningCLI):
         name = self.config.get("subcommand")
         if name not in COMMANDS:
             check_seed(self.config[name] if name else self.config)
+            resolve_data_seed(self.config[name] if name else self.config)
         if name in COMMANDS:  # not a Trainer method: nothing of Lightning's to instantiate
             COMMANDS[name].run(self.config[name])
             raise CommandFinished(name)

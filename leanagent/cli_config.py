@@ -13,6 +13,7 @@ from jsonargparse import Namespace
 
 from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import SPECIAL_CKPT_PATHS
+from leanagent.data.samplers import DEFAULT_SEED
 from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable, missing_folders, remove_empty_folders
 
@@ -129,6 +130,16 @@ def check_seed(config: Namespace) -> None:
     seed = config.get("seed_everything")
     if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
         raise LeanAgentError(f"seed_everything must be true, false or an integer in [0, 2**32 - 1], got {seed}")
+
+
+def resolve_data_seed(config: Namespace) -> None:
+    """data.seed left null follows seed_everything where that is a number, so that another run seed draws other
+    negatives and another order (the shipped encoders have no dropout: the data is all a seed changes). `true`
+    would draw a seed in each process, which ranks started by torchrun would not share, so it keeps DEFAULT_SEED."""
+    data = config.get("data")
+    if isinstance(data, Namespace) and "seed" in data and data.get("seed") is None:
+        seed = config.get("seed_everything")
+        data.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else DEFAULT_SEED
 
 
 def model_init_args(config: Namespace) -> Namespace:

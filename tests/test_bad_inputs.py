@@ -107,6 +107,7 @@ def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
         ("--trainer.devices=0", "trainer.devices must be a positive number"),
         ("--model.init_args.lr=-1", "model.lr must be positive"),
         ("--data.num_workers=-1", "data.num_workers must be 0"),
+        ("--data.seed=-1", "data.seed must be a non-negative integer"),
         ("--model.init_args.ewc_lambda=-1", "ewc_lambda must be a finite non-negative number"),
         ("--model.init_args.bm25_distillation=-0.5", "model.bm25_distillation must be a non-negative number"),
         ("--model.init_args.ewc_lambda=0.5", "fisher_path is not set"),

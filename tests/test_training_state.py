@@ -18,6 +18,7 @@ from leanagent.cli_config import check_some_epoch_validated, use_final_last_chec
 from leanagent.errors import LeanAgentError
 from leanagent.models.fit_checkpoint import fit_state_entry
 from leanagent.models.schedule import warmup_cosine
+from tests.conftest import REPO
 
 
 def checkpoint(epoch: int, step: int, **state) -> dict:
@@ -177,6 +178,16 @@ def test_explicit_settings_come_from_the_command_line_and_config_files(tmp_path)
     cli = LeanAgentCLI(args=argv, run=False)
     assert cli.explicit_model_keys(None) == {"lr", "loss", "model_name", "warmup_steps", "num_retrieved", "weight_decay"}
     assert cli.config.model.init_args.max_seq_len == 512  # a default, not given: the checkpoint's would win
+
+
+@pytest.mark.parametrize("given, seed", [([], 3407), (["--seed_everything=7"], 7), (["--seed_everything=7", "--data.seed=5"], 5),
+                                         (["--seed_everything=true"], 3407), (["--seed_everything=false"], 3407)])
+def test_the_run_seed_drives_negatives_and_order_unless_data_seed_is_given(given, seed):
+    # The shipped encoders have no dropout: with a fixed data seed, another seed_everything changed nothing.
+    # `true` draws a seed in each process (ranks under torchrun would not share it), so the data keeps 3407.
+    argv = ["--config", str(REPO / "configs" / "retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1", *given]
+    cli = LeanAgentCLI(args=argv, run=False)
+    assert cli.datamodule.seed == seed
 
 
 def retriever_config(**init_args) -> Namespace:

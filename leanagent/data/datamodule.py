@@ -24,7 +24,7 @@ from leanagent.corpus.corpus import Corpus
 from leanagent.data.datasets import EvalStates, TrainingPairs
 from leanagent.data.hard_negatives import shared_hard_negatives
 from leanagent.data.negatives import NegativeSampler
-from leanagent.data.samplers import EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
+from leanagent.data.samplers import DEFAULT_SEED, EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
 from leanagent.corpus.tactics import (
     TacticStates,
     load_tactic_states,
@@ -70,7 +70,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         max_seq_len: int = 512,
         num_workers: int = 0,
         model_name: str = "byt5-tiny",
-        seed: int = 3407,
+        seed: int | None = None,
         predict_splits: list[str] = list(SPLITS),
         premise_text: Literal["serialized", "code"] = "serialized",
     ) -> None:
@@ -93,7 +93,8 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
             max_seq_len: tokens kept of each state and premise.
             num_workers: DataLoader worker processes.
             model_name: linked from the model; chooses the tokenizer.
-            seed: drives negative sampling (with the epoch and the item index).
+            seed: drives negative sampling and the training order (with the epoch and the item index);
+                null: `seed_everything` where that is a number (the CLI fills it in), else DEFAULT_SEED.
             predict_splits: the splits `predict` retrieves premises for.
             premise_text: `serialized` (ReProver's `Premise.serialize()`: code with the name marked
                 `<a>name</a>`, what published ReProver/LeanAgent retrievers read) or `code` (raw).
@@ -120,6 +121,8 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
                 raise LeanAgentError(f"data.{name} must be positive, got {value}")
         if hard_negatives_by not in ("bm25", "encoder"):
             raise LeanAgentError(f"data.hard_negatives_by must be 'bm25' or 'encoder', got {hard_negatives_by!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise LeanAgentError(f"data.seed must be a non-negative integer (or null: seed_everything's), got {seed!r}")
         if num_workers < 0:
             raise LeanAgentError(f"data.num_workers must be 0 (load in the training process) or more, got {num_workers}")
         unknown = [s for s in predict_splits if s not in SPLITS]
@@ -147,7 +150,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         self.max_seq_len = max_seq_len
         self.num_workers = num_workers
         self.model_name = model_name
-        self.seed = seed
+        self.seed = DEFAULT_SEED if seed is None else seed
         self.predict_splits = list(predict_splits)
         if premise_text not in ("serialized", "code"):
             raise LeanAgentError(f"data.premise_text must be 'serialized' or 'code', got {premise_text!r}")

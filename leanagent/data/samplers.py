@@ -7,6 +7,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler
 
+DEFAULT_SEED = 3407  # data.seed where the run has no number of its own: every rank must draw alike
+
 
 class UnpaddedDistributedSampler(DistributedSampler):
     """Rank r gets examples r, r+W, r+2W, ... and nothing else.
