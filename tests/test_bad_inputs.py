@@ -189,6 +189,15 @@ def test_unwritable_fisher_output_is_found_before_the_pass(capsys, in_tmp, toy_d
                        "--model.init_args.output_path=out/fisher.safetensors"], "model.init_args.output_path", "is not writable")
 
 
+def test_the_fisher_checkpoint_errors_name_the_setting(capsys, in_tmp, toy_dataset, retriever_checkpoint):
+    (in_tmp / "junk.ckpt").write_bytes(b"not a checkpoint")
+    for path, fragment in (("none.ckpt", "checkpoint not found: none.ckpt"), ("junk.ckpt", "junk.ckpt is not a loadable")):
+        one_error(capsys, ["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={path}"],
+                  f"error: model.ckpt_path: {fragment}")
+    one_error(capsys, ["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={retriever_checkpoint}",
+                       "--model.init_args.model_name=byt5-cpu"], f"error: model.ckpt_path: {retriever_checkpoint} was trained with")
+
+
 def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint):
     from leanagent.ewc.fisher_file import save_fisher
     from leanagent.models.loading import load_retriever

@@ -65,7 +65,7 @@ class FisherInformation(pl.LightningModule):
         self.output_path = output_path
         self.mode = mode
         self.chunk_size = chunk_size
-        self.retriever = load_retriever(ckpt_path, model_name)
+        self.retriever = load_retriever(ckpt_path, model_name, what="model.ckpt_path")
         self.retriever.requires_grad_(True)
         self._sum: dict[str, torch.Tensor] = {}
         self._count = 0
