@@ -287,6 +287,7 @@ def test_a_fit_that_never_validated_says_its_hybrid_is_bm25(tmp_path, monkeypatc
     main(["fit", "--config", str(REPO / "configs/retrieval.yaml"), "--trainer.accelerator=cpu", "--trainer.devices=1",
           "--trainer.enable_progress_bar=false", f"--data.data_path={toy_dataset / 'random'}",
           f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", "--data.max_seq_len=32",
-          "--trainer.check_val_every_n_epoch=5", "--progressive.epochs_per_repo=1", "--test_after_fit=true"])
+          "--trainer.check_val_every_n_epoch=5", "--progressive.epochs_per_repo=1", "--test_after_fit=true",
+          "--trainer.callbacks=[]"])  # with callbacks that monitor a val metric, a fit that validates nothing is refused
     out = capsys.readouterr().out
     assert "hybrid weight of the dense side: 0.0 (no validation chose one for these premises, so hybrid is BM25)" in out
