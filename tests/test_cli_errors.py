@@ -79,5 +79,5 @@ def test_validate_with_a_mismatched_checkpoint(tmp_path, toy_dataset, retriever_
 def test_fisher_with_a_missing_checkpoint_writes_nothing(tmp_path, toy_dataset):
     out = tmp_path / "fisher.safetensors"
     result = run_cli(["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={tmp_path / 'none.ckpt'}", f"--model.init_args.output_path={out}"], cwd=tmp_path)
-    assert_one_error(result, "retriever checkpoint", "checkpoint not found", "none.ckpt")
+    assert_one_error(result, "model.ckpt_path: checkpoint not found", "none.ckpt")
     assert not out.exists() and not list(tmp_path.glob(".fisher*"))
