@@ -30,16 +30,21 @@ Nothing else (metadata, attribution, other folders) is copied; ``merged_from.jso
 sha256 of every source file read (leanagent/corpus/provenance.py), so a model trained on the merge
 names the data behind it. The result is built in a temporary folder beside ``out_dir`` and renamed
 into place only when complete, so an error leaves no ``out_dir`` (and, with ``overwrite=True``, the
-previous one intact).
+previous one intact). A merge killed outright (SIGKILL, a lost machine) leaves those hidden folders behind;
+the next merge into the same ``out_dir`` removes them, and puts back an earlier merge that a kill caught
+between its two renames. Merges beside each other take turns, so one's leftovers are never another's work.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +55,8 @@ from leanagent.corpus.provenance import write_manifest
 from leanagent.corpus.tactics import read_theorems
 from leanagent.errors import LeanAgentError
 from leanagent.io import atomic_open, iter_jsonl, write_json
+
+log = logging.getLogger("leanagent")
 
 DEFAULT_SPLITS = ("random", "novel_premises")
 SPLIT_FILES = ("train", "val", "test")
@@ -215,6 +222,45 @@ def _check_replaceable(out_dir: Path) -> None:
         raise LeanAgentError(f"output folder {out_dir} holds the current folder: write the merge elsewhere")
 
 
+@contextmanager
+def _one_merge_at_a_time(folder: Path) -> Iterator[None]:
+    """An exclusive lock on the folder the merge is written in (where locks exist: not on Windows)."""
+    try:
+        import fcntl
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):  # no such folder yet, or no flock: nothing beside it to take turns with
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _clear_leftovers(out_dir: Path) -> None:
+    """Remove the temporary folders of merges into `out_dir` that were killed; a previous merge that a kill
+    caught between moving it aside and moving the new one in goes back to `out_dir`. Call under the lock."""
+    # tempfile.mkdtemp's names: the prefix and suffix given below around 8 characters of [a-z0-9_]
+    ours = re.compile(re.escape(f".{out_dir.name}.") + r"[a-z0-9_]{8}\.(tmp|old)")
+    try:
+        beside = list(out_dir.parent.iterdir())
+    except OSError:
+        return
+    for p in beside:
+        if not ours.fullmatch(p.name) or p.is_symlink() or not p.is_dir():
+            continue
+        previous = p / "previous"
+        if p.suffix == ".old" and previous.is_dir() and not out_dir.exists():
+            try:
+                os.replace(previous, out_dir)
+            except OSError as e:
+                log.warning("cannot put back %s from %s (%s): left as it is", out_dir, previous, e.strerror or e)
+                continue
+            log.warning("put back %s: a merge that was replacing it was killed before it finished", out_dir)
+        shutil.rmtree(p, ignore_errors=True)
+
+
 def merge_datasets(
     sources: list[Path],
     out_dir: Path,
@@ -240,6 +286,12 @@ def merge_datasets(
             raise LeanAgentError(f"output folder {out_dir} is also a source: write the merge elsewhere")
         if out_dir.resolve() in src.resolve().parents:
             raise LeanAgentError(f"output folder {out_dir} contains the source {src}: write the merge elsewhere")
+    with _one_merge_at_a_time(out_dir.parent):
+        _clear_leftovers(out_dir)
+        return _merge(sources, out_dir, splits, overwrite)
+
+
+def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: bool) -> MergeStats:
     if out_dir.exists() and not overwrite:
         raise LeanAgentError(f"output folder already exists: {out_dir} (remove it or allow overwriting)")
     if out_dir.exists():

@@ -206,6 +206,25 @@ def test_existing_out_dir(sources, tmp_path):
         merge_datasets([out], out, split="random", overwrite=True)
 
 
+def test_a_merge_killed_between_its_renames_is_put_back_and_its_leftovers_removed(sources, tmp_path):
+    """SIGKILL skips the cleanup that an exception gets: the hidden folders it leaves are the next merge's to
+    clear, and a previous merge moved aside but not yet replaced goes back to --out."""
+    out = tmp_path / "merged"
+    merge_datasets(sources[:1], out, split="random")
+    aside = tmp_path / ".merged.k1ll3d_x.old"
+    aside.mkdir()
+    out.rename(aside / "previous")
+    (tmp_path / ".merged.h4lfdone.tmp" / "random").mkdir(parents=True)
+    (tmp_path / ".merged.x.abcdefgh.tmp").mkdir()  # another output's (`merged.x`): not this merge's to remove
+    (tmp_path / ".other.abcdefgh.tmp").mkdir()
+    with pytest.raises(LeanAgentError, match="already exists"):
+        merge_datasets(sources, out, split="random")
+    assert read_merged(out)[0][-1]["path"] == "A.lean"  # the earlier merge, back where it was
+    assert leftovers(tmp_path) == [".merged.x.abcdefgh.tmp", ".other.abcdefgh.tmp", "merged", "src"]
+    merge_datasets(sources, out, split="random", overwrite=True)
+    assert read_merged(out)[0][-1]["path"] == "C.lean"
+
+
 def test_overwrite_replaces_only_an_earlier_merge(sources, tmp_path, monkeypatch):
     """`--overwrite` must not delete what is not a merge: a folder holding a source (`--out data` for a source
     under data/), a folder without a corpus, the folder the command runs in, or a path under a file."""
