@@ -103,6 +103,20 @@ def test_a_failed_write_leaves_nothing_behind(tmp_path, monkeypatch):
     assert isinstance(tokenize(ByteTokenizer(), TEXTS, 16, cache_dir=cache).tokens, np.memmap)
 
 
+def test_a_build_killed_outright_leaves_a_folder_the_next_build_removes(tmp_path):
+    """SIGKILL skips the cleanup an exception gets; the next build of that entry, under its lock, removes what
+    is left (and only that entry's)."""
+    cache = tmp_path / "cache"
+    key = content_key(ByteTokenizer(), TEXTS, 16)
+    killed = cache / f".{key}.k1ll3d_x.tmp"
+    killed.mkdir(parents=True)
+    (killed / "tokens.npy").write_bytes(b"half")
+    other = cache / f".{'0' * 64}.abcdefgh.tmp"
+    other.mkdir()
+    assert isinstance(tokenize(ByteTokenizer(), TEXTS, 16, cache_dir=cache).tokens, np.memmap)
+    assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == sorted([key, other.name])
+
+
 def test_a_damaged_entry_is_rebuilt(tmp_path):
     cache = tmp_path / "cache"
     tokenize(ByteTokenizer(), TEXTS, 16, cache_dir=cache)

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -134,6 +135,7 @@ def tokenize(
         with _locked(folder / f"{key}.lock"):
             table = _load(entry, rows)  # built by another rank while this one waited
             if table is None:
+                _remove_unfinished(entry)
                 _write(entry, *tokenizer.encode_ragged(get_texts(), max_len))
                 table = _load(entry, len(get_texts()))
     except OSError as e:
@@ -168,6 +170,15 @@ def _load(entry: Path, rows: int | None) -> TokenTable | None:
         log.warning("token cache entry %s is damaged (%s): rebuilding it", entry, e)
         shutil.rmtree(entry, ignore_errors=True)
         return None
+
+
+def _remove_unfinished(entry: Path) -> None:
+    """The temporary folders of earlier builds of `entry` that were killed outright (an exception removes its
+    own). Called under the entry's lock, so none of them is another process's build in progress."""
+    unfinished = re.compile(re.escape(f".{entry.name}.") + r"[a-z0-9_]{8}\.tmp")  # _write's mkdtemp names
+    for p in entry.parent.iterdir():
+        if unfinished.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def _write(entry: Path, tokens: np.ndarray, offsets: np.ndarray) -> None:
