@@ -18,7 +18,7 @@ from pathlib import Path
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import read_theorems, require_positives, require_training_examples, tactic_states
 from leanagent.errors import LeanAgentError
-from leanagent.io import write_json
+from leanagent.io import atomic_write, write_json
 
 SPLIT_FILES = ("train", "val", "test")
 
@@ -90,7 +90,7 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str,
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
-        shutil.copyfile(dataset / "corpus.jsonl", target / "corpus.jsonl")
+        atomic_write(target / "corpus.jsonl", lambda tmp: shutil.copyfile(dataset / "corpus.jsonl", tmp))
         for (split, part), by_repository in parts.items():
             write_json(target / split / f"{part}.json", by_repository[name])
         write_json(target / "done.json", {"source": str(dataset), "folder": name, "min_theorems": min_theorems})

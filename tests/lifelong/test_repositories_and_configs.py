@@ -29,6 +29,24 @@ def test_bundled_split_keeps_every_theorem_once_with_its_split(tmp_path):
     assert (repos["other"] / "corpus.jsonl").read_bytes() == (BUNDLED / "corpus.jsonl").read_bytes()
 
 
+def test_a_copy_stopped_halfway_leaves_no_short_corpus_and_the_rerun_completes(tmp_path, monkeypatch):
+    import shutil
+
+    real_copy = shutil.copyfile
+
+    def half_then_stopped(src, dst):
+        Path(dst).write_bytes(Path(src).read_bytes()[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shutil, "copyfile", half_then_stopped)
+    with pytest.raises(KeyboardInterrupt):
+        split_bundled(BUNDLED, tmp_path, min_theorems=200)
+    assert not list(tmp_path.rglob("*corpus.jsonl*"))  # neither a short corpus.jsonl nor its temporary file
+    monkeypatch.setattr(shutil, "copyfile", real_copy)
+    repos = split_bundled(BUNDLED, tmp_path, min_theorems=200)
+    assert all((path / "corpus.jsonl").read_bytes() == (BUNDLED / "corpus.jsonl").read_bytes() for path in repos.values())
+
+
 def test_small_folders_pool_into_other(tmp_path):
     corpus = [{"path": p, "imports": [], "premises": []} for p in ("P/A/x.lean", "P/A/y.lean", "P/B/z.lean", "P/top.lean")]
     theorems = [theorem("P/A/x.lean", "a1", 1, [tactic("s", [])]), theorem("P/A/y.lean", "a2", 1, []),
