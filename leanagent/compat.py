@@ -160,6 +160,68 @@ def set_last_lr(scheduler: torch.optim.lr_scheduler.LRScheduler, lrs: list[float
     scheduler._last_lr = list(lrs)
 
 
+def _zero(progress: dict[str, Any], *parts: str) -> None:
+    """Lightning's `reset_on_run` on a saved progress tracker (nested for an optimizer's): the named counters 0."""
+    for key, value in progress.items():
+        if key in parts and isinstance(value, dict):
+            value.update(dict.fromkeys(value, 0))
+        elif isinstance(value, dict):
+            _zero(value, *parts)
+    if "is_last_batch" in progress:
+        progress["is_last_batch"] = False
+
+
+def close_saved_epoch(checkpoint: dict[str, Any]) -> int | None:
+    """Make a checkpoint saved at an epoch's end (in `on_train_epoch_end`, after its validation) one saved at
+    the next epoch's start. Returns its count of stepped batches (the step loggers use), which the restored
+    fit must hold at its first batch (`set_batches_that_stepped`); None for any other checkpoint.
+
+    Lightning counts that epoch as processed, not completed. Resumed by epochs it completes it itself and
+    starts the next one afresh (`_FitLoop.on_run_start`, `reset_on_run`). With `trainer.max_steps` set it
+    restarts on the epoch's end instead and runs the epoch-end hooks again, where EarlyStopping finds no
+    validation metric (the validation ran before the checkpoint was saved) and stops the fit with a
+    traceback. Done here, in the saved loop state, both resume alike, except that Lightning, restarting a
+    validated fit by steps, also counts one stepped batch more (for checkpoints saved before that count
+    moved, which this one was not). Wraps the layout of Lightning's saved loop state (`loops["fit_loop"]`:
+    progress trackers and `epoch_loop.state_dict["_batches_that_stepped"]`).
+    """
+    fit = (checkpoint.get("loops") or {}).get("fit_loop")
+    try:
+        total, current = fit["epoch_progress"]["total"], fit["epoch_progress"]["current"]
+        at_end = all(p["ready"] == p["started"] == p["processed"] == p["completed"] + 1 for p in (total, current))
+        at_end = at_end and fit["epoch_loop.batch_progress"]["is_last_batch"] is True
+        stepped = fit["epoch_loop.state_dict"]["_batches_that_stepped"]
+    except (KeyError, TypeError):
+        return None
+    if not at_end or not isinstance(stepped, int):
+        return None
+    total["completed"], current["completed"] = total["processed"], current["processed"]
+    for key in ("epoch_loop.batch_progress", "epoch_loop.scheduler_progress", "epoch_loop.automatic_optimization.optim_progress"):
+        if isinstance(fit.get(key), dict):
+            _zero(fit[key], "current")
+    if isinstance(fit.get("epoch_loop.val_loop.batch_progress"), dict):
+        _zero(fit["epoch_loop.val_loop.batch_progress"], "current", "total")
+    return stepped
+
+
+def hold_batches_that_stepped(trainer: pl.Trainer, count: int) -> None:
+    """At the start of the epoch a fit resumed from a checkpoint that `close_saved_epoch` changed: make the first
+    trained batch log at `count`, the checkpoint's step. Restarting a validated epoch by steps, Lightning first
+    passes through a batch it does not train (it takes it for the saved epoch's last, already validated) and
+    counts it as stepped; start one lower then. Wraps `_TrainingEpochLoop._batches_that_stepped`, its
+    `restarted_on_last` and `_should_check_val_epoch`."""
+    loop = trainer.fit_loop.epoch_loop
+    skipped = loop.restarting and loop.restarted_on_last and loop._should_check_val_epoch()
+    loop._batches_that_stepped = count - 1 if skipped else count
+
+
+def batches_that_stepped(trainer: pl.Trainer) -> int:
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def set_batches_that_stepped(trainer: pl.Trainer, count: int) -> None:
+    trainer.fit_loop.epoch_loop._batches_that_stepped = count
+
 # jsonargparse.
 
 

@@ -126,6 +126,49 @@ def test_save_last_checkpoint_writes_last_ckpt_now(tmp_path):
     require(callback.last_model_path == str(tmp_path / "ckpt" / "last.ckpt"), private, "did not set last_model_path")
 
 
+class ValidatedModule(TinyModule):
+    def validation_step(self, batch, batch_idx):
+        self.log("loss_val", self.layer(batch[0]).pow(2).mean())
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(2, 2)), batch_size=2)
+
+
+def test_an_epoch_end_checkpoints_loop_state_is_the_one_close_saved_epoch_reads(tmp_path):
+    """The behaviour (a fit resumed by steps from it trains and logs what one resumed by epochs does) is checked in
+    tests/test_training_state.py; here, the saved layout and Lightning's extra stepped batch on such a restart."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    private = 'checkpoint["loops"]["fit_loop"] progress trackers and "epoch_loop.state_dict"["_batches_that_stepped"]'
+    trainer = tiny_trainer(tmp_path, max_epochs=1, callbacks=[ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True)])
+    trainer.fit(ValidatedModule())
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=True)
+    fit = saved["loops"]["fit_loop"]
+    require(fit["epoch_progress"]["current"] == {"ready": 1, "started": 1, "processed": 1, "completed": 0}, private,
+            f"an epoch-end checkpoint's epoch progress is now {fit['epoch_progress']['current']}")
+    require(fit["epoch_loop.state_dict"].get("_batches_that_stepped") == 2, private, "the stepped-batch count moved")
+    require(compat.close_saved_epoch(saved) == 2, private, "the layout was not recognised")
+    require(fit["epoch_progress"]["current"]["completed"] == 1 and fit["epoch_loop.batch_progress"]["is_last_batch"] is False,
+            private, "the saved state was not changed")
+    torch.save(saved, tmp_path / "closed.ckpt")
+    seen = []
+
+    class Hold(pl.Callback):
+        def on_train_epoch_start(self, trainer, pl_module):
+            if not seen:
+                compat.hold_batches_that_stepped(trainer, 2)
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if not seen:
+                seen.append(compat.batches_that_stepped(trainer))
+
+    resumed = tiny_trainer(tmp_path, max_steps=4, callbacks=[Hold()])  # one more epoch of 2 steps
+    resumed.fit(ValidatedModule(), ckpt_path=tmp_path / "closed.ckpt")
+    require((resumed.current_epoch, resumed.global_step) == (2, 4), private, "the resumed fit did not train the next epoch")
+    require(seen == [2], private, f"the first resumed batch logs at step {seen}, not the checkpoint's 2")
+    require(compat.batches_that_stepped(resumed) == 4, private, "the count no longer follows the steps")
+
+
 def test_model_checkpoint_writes_every_file_through_save_checkpoint(tmp_path, monkeypatch):
     """leanagent.callbacks.checkpoints.ModelCheckpoint overrides the private `_save_checkpoint` hook and sets
     `_last_checkpoint_saved` (compat.record_checkpoint_saved); both must still mean what they meant."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -322,6 +323,45 @@ def test_a_fit_with_dropout_stopped_mid_epoch_and_resumed_equals_an_uninterrupte
     assert final["global_step"] == 8
     for name, tensor in expected["state_dict"].items():
         torch.testing.assert_close(final["state_dict"][name], tensor, rtol=0, atol=1e-6)
+
+
+def test_a_fit_resumed_by_steps_from_an_epochs_end_trains_and_logs_what_one_resumed_by_epochs_does(toy_dataset, tmp_path):
+    """A checkpoint saved at an epoch's end, resumed with trainer.max_steps: Lightning restarts on that epoch's
+    end and runs its end hooks again, where EarlyStopping found no validation metric and stopped the fit with a
+    traceback (`main.py fit ... --trainer.max_steps=N --ckpt_path .../last.ckpt`)."""
+    from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor
+    from pytorch_lightning.loggers import CSVLogger
+
+    from leanagent.callbacks.progressive import ProgressiveTraining
+    from leanagent.data.datamodule import RetrievalDataModule
+    from leanagent.models.retriever import PremiseRetriever
+
+    def fit(name: str, ckpt_path: Path | None = None, **limits) -> Path:
+        pl.seed_everything(0)
+        model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=1, lr=1e-2)
+        data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
+                                   max_seq_len=32, batch_size=1, num_hard_negatives=0)
+        callbacks = [EarlyStopping(monitor="Recall@10_val", mode="max", patience=5), ProgressiveTraining(), LearningRateMonitor(),
+                     ModelCheckpoint(dirpath=tmp_path / name, save_last=True, monitor="Recall@10_val", mode="max")]
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=CSVLogger(tmp_path / "logs", name=name, version=0), log_every_n_steps=1,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                             callbacks=callbacks, **limits)
+        trainer.fit(model, datamodule=data, ckpt_path=ckpt_path)
+        return tmp_path / name / "last.ckpt"
+
+    start = fit("start", max_epochs=1)  # 4 pairs: 4 steps
+    by_epochs = torch.load(fit("by_epochs", start, max_epochs=3), weights_only=True)
+    by_steps = torch.load(fit("by_steps", start, max_steps=12), weights_only=True)
+    assert (by_steps["epoch"], by_steps["global_step"]) == (by_epochs["epoch"], by_epochs["global_step"]) == (2, 12)
+    for name, tensor in by_epochs["state_dict"].items():
+        torch.testing.assert_close(by_steps["state_dict"][name], tensor, rtol=0, atol=0)
+    assert by_steps["loops"] == by_epochs["loops"]
+    logged = [(tmp_path / "logs" / name / "version_0" / "metrics.csv").read_text() for name in ("by_epochs", "by_steps")]
+    assert logged[0] == logged[1]
+    with open(tmp_path / "logs" / "by_steps" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows if r["Recall@10_val"]] == ["7", "11"]
+    assert [r["step"] for r in rows if r["lr-AdamW"]] == [str(step) for step in range(4, 12)]
 
 
 def test_a_rerun_in_a_folder_with_checkpoints_says_once_what_it_does(toy_dataset, tmp_path, recwarn):

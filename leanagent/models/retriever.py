@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from pytorch_lightning.trainer.states import TrainerFn
 
+from leanagent import compat
 from leanagent.checkpoint_files import FIT_STATE_KEY, check_optimizer_state, drop_per_fit_callback_state, next_fit_start
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import check_state_dict
@@ -148,6 +149,7 @@ class PremiseRetriever(pl.LightningModule):
         self._fit_start_epoch = 0
         self._fit_start_step = 0
         self._resume_position: tuple[int, int] | None = None
+        self._stepped_at_resume: int | None = None  # the loggers' step, restored at the first batch
 
     def encoder_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """Parameters under the names checkpoints and Fisher files use."""
@@ -198,8 +200,16 @@ class PremiseRetriever(pl.LightningModule):
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Seed the global RNGs from (seed, epoch, batch, rank): the same dropout masks after a resume (batch_seeds.py)."""
         seed_global_rngs(batch_seed(getattr(self, "_rng_seed", 0), self.current_epoch, batch_idx, self.global_rank))
+        if self._stepped_at_resume is not None:  # the first trained batch after a resume from an epoch's end
+            if compat.batches_that_stepped(self.trainer) != self._stepped_at_resume:
+                log.warning("the loggers' step after the resume was %d, set to the checkpoint's %d",
+                            compat.batches_that_stepped(self.trainer), self._stepped_at_resume)
+                compat.set_batches_that_stepped(self.trainer, self._stepped_at_resume)
+            self._stepped_at_resume = None
 
     def on_train_epoch_start(self) -> None:
+        if self._stepped_at_resume is not None:  # resumed from an epoch's end (compat.close_saved_epoch)
+            compat.hold_batches_that_stepped(self.trainer, self._stepped_at_resume)
         # New negatives each epoch come from the training sampler's set_epoch (see EpochShuffledSampler).
         self._corpus.clear()
 
@@ -351,6 +361,7 @@ class PremiseRetriever(pl.LightningModule):
         # Runs before Lightning restores the callbacks from the same dict: a new fit starts their per-fit state afresh.
         if self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING:
             check_optimizer_state(checkpoint, [p.shape for p in self.parameters()], getattr(self.trainer, "ckpt_path", None))
+            self._stepped_at_resume = compat.close_saved_epoch(checkpoint)  # before Lightning restores its loops
             cleared = drop_per_fit_callback_state(checkpoint)
             if cleared and self.trainer.is_global_zero:
                 log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
