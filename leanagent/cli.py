@@ -31,6 +31,7 @@ from leanagent.distributed import (
 )
 from leanagent.cli_config import (
     check_device_count,
+    check_model_nulls,
     check_outputs_writable,
     check_seed,
     check_some_epoch_validated,
@@ -110,6 +111,7 @@ class LeanAgentCLI(LightningCLI):
         name = self.config.get("subcommand")
         if name not in COMMANDS:
             check_seed(self.config[name] if name else self.config)
+            check_model_nulls(self.config[name] if name else self.config)
             resolve_data_seed(self.config[name] if name else self.config)
         if name in COMMANDS:  # not a Trainer method: nothing of Lightning's to instantiate
             COMMANDS[name].run(self.config[name])

@@ -3,9 +3,11 @@ value is one `error:` line now, not a traceback from Lightning or a failure afte
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +144,31 @@ def resolve_data_seed(config: Namespace) -> None:
         data.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else DEFAULT_SEED
 
 
+def _accepts_none(hint: Any) -> bool:
+    return hint is Any or hint is None or hint is type(None) or type(None) in typing.get_args(hint)
+
+
+def check_model_nulls(config: Namespace) -> None:
+    """`null` for a model setting that takes no null (`--model.init_args.lr=null`): jsonargparse lets it through
+    to the model class, which then fails with a TypeError inside jsonargparse's instantiation; one line instead."""
+    model = config.get("model")
+    class_path = model.get("class_path") if isinstance(model, Namespace) else None
+    init_args = model.get("init_args") if isinstance(model, Namespace) else None
+    if not isinstance(class_path, str) or not isinstance(init_args, Namespace):
+        return
+    module, _, name = class_path.rpartition(".")
+    try:
+        hints = typing.get_type_hints(getattr(importlib.import_module(module), name).__init__)
+    except Exception:  # a class jsonargparse itself will refuse, naming it
+        return
+    for key, value in vars(init_args).items():
+        if value is None and key in hints and not _accepts_none(hints[key]):
+            hint = hints[key]
+            kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+            article = "an" if kind[:1] in "aeiou" else "a"
+            raise LeanAgentError(f"model.{key} is null, but it must be {article} {kind}: give a value or leave the setting out")
+
+
 def model_init_args(config: Namespace) -> Namespace:
     """The model's init_args, as a Namespace that assignments reach (an empty, detached one when there are none)."""
     model = config.get("model")
@@ -201,6 +228,8 @@ def check_outputs_writable(config: Namespace) -> None:
     if isinstance(logger, Namespace) and logger.get("init_args", Namespace()).get("save_dir"):
         outputs.append(("trainer.logger save_dir", logger.init_args.save_dir))
     model_args = model_init_args(config)
+    if "output_path" in model_args and model_args.output_path == "":
+        raise LeanAgentError("model.init_args.output_path is empty: give a file path")
     if model_args.get("output_path"):
         outputs.append(_file_output("model.init_args.output_path", model_args.output_path))
     for what, folder in outputs:

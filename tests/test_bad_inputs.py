@@ -126,6 +126,9 @@ def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
         ("--trainer.check_val_every_n_epoch=100", "so this fit, which trains epochs 0 to 1 (from 0), validates none of"),
         ("--trainer.gradient_clip_val=-1", "trainer.gradient_clip_val must be a non-negative number"),
         ("--trainer.devices=[0]", "trainer: `devices` selected with `CPUAccelerator` should be an int"),  # a GPU list on a CPU
+        ("--model.init_args.lr=null", "model.lr is null, but it must be a float"),  # was a TypeError inside jsonargparse
+        ("--model.init_args.num_retrieved=null", "model.num_retrieved is null, but it must be an int"),
+        ("--model.init_args.model_name=null", "model.model_name is null, but it must be a str"),
     ],
 )
 def test_wrong_settings_are_refused(capsys, in_tmp, toy_dataset, monkeypatch, setting, fragment):
@@ -187,6 +190,16 @@ def test_unwritable_fisher_output_is_found_before_the_pass(capsys, in_tmp, toy_d
     (in_tmp / "out").write_text("a file")
     one_error(capsys, ["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={retriever_checkpoint}",
                        "--model.init_args.output_path=out/fisher.safetensors"], "model.init_args.output_path", "is not writable")
+
+
+@pytest.mark.parametrize("setting, fragment", [("--model.init_args.output_path=", "model.init_args.output_path is empty"),
+                                               ("--model.init_args.output_path=null", "model.output_path is null"),
+                                               ("--model.init_args.ckpt_path=null", "model.ckpt_path is null")])
+def test_a_fisher_output_or_checkpoint_of_nothing_is_refused_before_the_pass(capsys, in_tmp, toy_dataset, retriever_checkpoint,
+                                                                            setting, fragment):
+    one_error(capsys, ["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={retriever_checkpoint}",
+                       setting], fragment)
+    assert not (in_tmp / "lightning_logs").exists()
 
 
 def test_the_fisher_checkpoint_errors_name_the_setting(capsys, in_tmp, toy_dataset, retriever_checkpoint):
