@@ -96,7 +96,7 @@ def test_an_export_without_its_command_is_one_error_line(monkeypatch, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("case", ["text-file", "no-hyper-parameters", "name-with-folder", "out-dir-is-a-file"])
+@pytest.mark.parametrize("case", ["text-file", "no-hyper-parameters", "name-with-folder", "out-dir-is-a-file", "out-dir-under-a-file"])
 def test_bad_exports_are_one_error_line_and_write_nothing(monkeypatch, tmp_path, retriever_checkpoint, capsys, case):
     checkpoint, name, out = retriever_checkpoint, "mine", tmp_path / "out"
     if case == "text-file":
@@ -107,8 +107,11 @@ def test_bad_exports_are_one_error_line_and_write_nothing(monkeypatch, tmp_path,
         torch.save({"state_dict": torch.load(retriever_checkpoint, weights_only=True)["state_dict"], "hyper_parameters": "x"}, checkpoint)
     elif case == "name-with-folder":
         name = "a/b"
-    else:
+    elif case == "out-dir-is-a-file":
         out.write_text("a file")
+    else:
+        (tmp_path / "a-file").write_text("a file")
+        out = tmp_path / "a-file" / "sub"
     with pytest.raises(SystemExit) as exit_info:
         run_export(monkeypatch, str(checkpoint), "--name", name, "--command", "x", "--out-dir", str(out))
     assert exit_info.value.code == 2

@@ -19,7 +19,7 @@ from typing import NoReturn
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.corpus.provenance import merged_from
 from leanagent.errors import LeanAgentError
-from leanagent.io import file_fingerprints, file_sha256, write_json
+from leanagent.io import ensure_writable, file_fingerprints, file_sha256, write_json
 from leanagent.pretrained import SHIPPED_DIR, save_encoder
 
 
@@ -44,6 +44,7 @@ def export(
         raise LeanAgentError(f"--name: {name!r} must be a file name without folders (the files go in --out-dir)")
     if out_dir.exists() and not out_dir.is_dir():
         raise LeanAgentError(f"--out-dir: {out_dir} is a file")
+    ensure_writable(out_dir, "--out-dir")  # under a file, read-only: found before the checkpoint is read
     checkpoint = load_checkpoint(checkpoint_path, "checkpoint")
     hparams, data = checkpoint.get("hyper_parameters"), checkpoint.get("datamodule_hyper_parameters") or {}
     if not isinstance(checkpoint.get("state_dict"), dict) or not isinstance(hparams, dict) or not isinstance(data, dict):
