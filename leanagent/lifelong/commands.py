@@ -140,7 +140,7 @@ def run_ablation(config: Namespace) -> list[dict]:
 def run_curriculum(config: Namespace) -> None:
     settings = lifelong_settings(config)
     ensure_writable(settings.output_dir, "output_dir")  # a bundled dataset's repositories are written there
-    repos = resolve_repositories(settings.repositories, Path(settings.output_dir))
+    repos = resolve_repositories(settings.repositories, Path(settings.output_dir), settings.split)
     print(format_curriculum(compute_curriculum(repos, settings.split)))
 
 

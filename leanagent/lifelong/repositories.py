@@ -141,8 +141,9 @@ def check_splits(repos: dict[str, Path], split: str, train_alone: bool = True) -
     return loaded
 
 
-def resolve_repositories(spec: Repositories, work_dir: Path) -> dict[str, Path]:
-    """Name -> dataset folder, in the given order (the bundled dataset is split into `work_dir/repositories`)."""
+def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None = None) -> dict[str, Path]:
+    """Name -> dataset folder, in the given order (the bundled dataset is split into `work_dir/repositories`).
+    `split`, the split folder the run reads, is checked in the bundled dataset before anything is written."""
     if spec.data_root is not None:
         root = Path(spec.data_root)
         if not root.is_dir():
@@ -160,4 +161,8 @@ def resolve_repositories(spec: Repositories, work_dir: Path) -> dict[str, Path]:
     dataset = Path(spec.bundled)
     if not (dataset / "corpus.jsonl").is_file():
         raise LeanAgentError(f"repositories.bundled: {dataset} has no corpus.jsonl")
+    if split is not None and not (dataset / split / "train.json").is_file():
+        found = _split_folders(dataset)
+        raise LeanAgentError(f"split: {dataset} has no split folder {split!r} with a train.json"
+                             + (f" (it has {', '.join(found)})" if found else ""))
     return split_bundled(dataset, work_dir / "repositories", spec.min_theorems)

@@ -230,7 +230,7 @@ class LifelongRun:
     def _prepare(self) -> tuple[list[str], dict[str, Path], dict]:
         """The repositories, their order and the run's state, checked before the first stage."""
         s = self.settings
-        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out).items()}
+        repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out, s.split).items()}
         splits = check_splits(repos, s.split, train_alone=s.construction == "single_repo")
         order = repository_order(s, repos, splits)  # before output_dir is made
         self.out.mkdir(parents=True, exist_ok=True)

@@ -299,3 +299,17 @@ def test_curriculum_refuses_an_output_dir_it_cannot_write(tmp_path, capsys):
     assert stopped.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "output_dir" in errors[0] and "not writable" in errors[0], errors
+
+
+@pytest.mark.parametrize("command", ["curriculum", "lifelong"])
+def test_a_split_the_bundled_dataset_lacks_is_named_before_anything_is_written(tmp_path, capsys, command):
+    """It used to be found in the first repository's folder that the split had just written."""
+    from leanagent.cli import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as stopped:
+        main([command, *config_args(["lifelong.yaml"]), f"--repositories.bundled={BUNDLED}", f"--output_dir={out}", "--split=nosuch"])
+    assert stopped.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: split: {BUNDLED} has no split folder 'nosuch' with a train.json (it has novel_premises, random)"]
+    assert not out.exists()
