@@ -105,8 +105,12 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
     # the error is that argument's, not the config files'.
     nested = re.search(r"NestedArg\(key='([^']+)'", message)
     dotted = ".".join(k for k in keys if "." not in k) if len(keys) > 1 else ".".join(keys)
-    flag = next((a for a in argv if a.startswith("--") and (
-        (nested and a.split("=", 1)[0].endswith("." + nested.group(1))) or a.split("=", 1)[0] == f"--{dotted}")), None)
+    flags = [a for a in argv if a.startswith("--") and (
+        (nested and a.split("=", 1)[0].endswith("." + nested.group(1))) or a.split("=", 1)[0] == f"--{dotted}")]
+    # A key given twice: the one whose value the message quotes, else the last (the one that counts).
+    quoted = {v.strip() for v in values + re.findall(r"Got value: (.+)$", message, re.M)}
+    flag = next((a for a in reversed(flags) if "=" in a and {a.split("=", 1)[1], "None" if a.split("=", 1)[1] == "null" else ""} & quoted),
+                flags[-1] if flags else None)
     source = f"{flag}: " if flag else f"{', '.join(configs)}: " if configs else ""
     if keys:
         reason = _innermost_reason(message) or "invalid value"

@@ -400,11 +400,14 @@ def test_a_data_error_found_in_setup_leaves_no_lightning_logs(capsys, in_tmp, to
     [
         ("--model.init_args.temperature=0.5", "--model.init_args.temperature=0.5: model.temperature: Option 'temperature' is not accepted"),
         ("--data.premise_text=foo", "--data.premise_text=foo: data.premise_text: Expected a typing.Literal['serialized', 'code']. Got value: foo"),
+        # a key given twice: the argument with the bad value, wherever it is
+        ("--trainer.max_steps=2 --trainer.max_steps=null", "--trainer.max_steps=null: trainer.max_steps: Expected a <class 'int'>. Got value: None"),
+        ("--trainer.max_steps=x --trainer.max_steps=3", "--trainer.max_steps=x: trainer.max_steps: Expected a <class 'int'>. Got value: x"),
     ],
 )
 def test_a_bad_command_line_value_is_blamed_on_the_argument_not_the_config(capsys, in_tmp, setting, expected):
     """It said `configs/retrieval.yaml: model: invalid value (got NestedArg(...))`, a file that has no such key."""
-    assert one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, setting]) == f"error: {expected}"
+    assert one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *setting.split()]) == f"error: {expected}"
 
 
 def test_max_epochs_minus_one_trains_to_max_steps_and_alone_is_refused(capsys, in_tmp, toy_dataset):
