@@ -110,9 +110,10 @@ class LeanAgentCLI(LightningCLI):
         super().parse_arguments(parser, args)
         name = self.config.get("subcommand")
         if name not in COMMANDS:
-            check_seed(self.config[name] if name else self.config)
-            check_model_nulls(self.config[name] if name else self.config)
-            resolve_data_seed(self.config[name] if name else self.config)
+            config = self.config[name] if name else self.config
+            check_seed(config)
+            check_model_nulls(config)
+            resolve_data_seed(config)
         if name in COMMANDS:  # not a Trainer method: nothing of Lightning's to instantiate
             COMMANDS[name].run(self.config[name])
             raise CommandFinished(name)

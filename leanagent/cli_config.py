@@ -4,6 +4,7 @@ value is one `error:` line now, not a traceback from Lightning or a failure afte
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import os
 import re
@@ -145,12 +146,14 @@ def resolve_data_seed(config: Namespace) -> None:
 
 
 def _accepts_none(hint: Any) -> bool:
-    return hint is Any or hint is None or hint is type(None) or type(None) in typing.get_args(hint)
+    args = typing.get_args(hint)
+    return hint in (Any, object, None, type(None)) or type(None) in args or None in args  # None in a Literal
 
 
 def check_model_nulls(config: Namespace) -> None:
     """`null` for a model setting that takes no null (`--model.init_args.lr=null`): jsonargparse lets it through
-    to the model class, which then fails with a TypeError inside jsonargparse's instantiation; one line instead."""
+    to the model class, which then fails with a TypeError inside jsonargparse's instantiation; one line instead.
+    A setting whose default is None takes it, whatever its annotation says."""
     model = config.get("model")
     class_path = model.get("class_path") if isinstance(model, Namespace) else None
     init_args = model.get("init_args") if isinstance(model, Namespace) else None
@@ -158,15 +161,19 @@ def check_model_nulls(config: Namespace) -> None:
         return
     module, _, name = class_path.rpartition(".")
     try:
-        hints = typing.get_type_hints(getattr(importlib.import_module(module), name).__init__)
+        init = getattr(importlib.import_module(module), name).__init__
+        hints, parameters = typing.get_type_hints(init), inspect.signature(init).parameters
     except Exception:  # a class jsonargparse itself will refuse, naming it
         return
     for key, value in vars(init_args).items():
-        if value is None and key in hints and not _accepts_none(hints[key]):
-            hint = hints[key]
-            kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-            article = "an" if kind[:1] in "aeiou" else "a"
-            raise LeanAgentError(f"model.{key} is null, but it must be {article} {kind}: give a value or leave the setting out")
+        if value is not None or key not in hints or _accepts_none(hints[key]):
+            continue
+        if key in parameters and parameters[key].default is None:
+            continue
+        hint = hints[key]
+        kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+        article = "an" if kind[:1] in "aeiou" else "a"
+        raise LeanAgentError(f"model.{key} is null, but it must be {article} {kind}: give a value or leave the setting out")
 
 
 def model_init_args(config: Namespace) -> Namespace:
@@ -229,7 +236,7 @@ def check_outputs_writable(config: Namespace) -> None:
         outputs.append(("trainer.logger save_dir", logger.init_args.save_dir))
     model_args = model_init_args(config)
     if "output_path" in model_args and model_args.output_path == "":
-        raise LeanAgentError("model.init_args.output_path is empty: give a file path")
+        raise LeanAgentError("model.output_path is empty: give a file path")
     if model_args.get("output_path"):
         outputs.append(_file_output("model.init_args.output_path", model_args.output_path))
     for what, folder in outputs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -192,7 +193,28 @@ def test_unwritable_fisher_output_is_found_before_the_pass(capsys, in_tmp, toy_d
                        "--model.init_args.output_path=out/fisher.safetensors"], "model.init_args.output_path", "is not writable")
 
 
-@pytest.mark.parametrize("setting, fragment", [("--model.init_args.output_path=", "model.init_args.output_path is empty"),
+class TakesSomeNulls:
+    """A model class of a user's: what jsonargparse fills in or the annotation allows is not refused."""
+
+    def __init__(self, n: int = 1, x: str = None, o: object = 0, choice: Literal["a", None] = "a", maybe: int | None = 1) -> None:  # noqa: RUF013
+        pass
+
+
+@pytest.mark.parametrize("key", ["x", "o", "choice", "maybe"])
+def test_null_is_refused_only_where_the_model_takes_none(key):
+    from jsonargparse import Namespace
+
+    from leanagent.cli_config import check_model_nulls
+
+    def config(**init_args) -> Namespace:
+        return Namespace(model=Namespace(class_path=f"{__name__}.TakesSomeNulls", init_args=Namespace(**init_args)))
+
+    check_model_nulls(config(**{key: None}))
+    with pytest.raises(LeanAgentError, match="model.n is null, but it must be an int"):
+        check_model_nulls(config(n=None, **{key: None}))
+
+
+@pytest.mark.parametrize("setting, fragment", [("--model.init_args.output_path=", "model.output_path is empty"),
                                                ("--model.init_args.output_path=null", "model.output_path is null"),
                                                ("--model.init_args.ckpt_path=null", "model.ckpt_path is null")])
 def test_a_fisher_output_or_checkpoint_of_nothing_is_refused_before_the_pass(capsys, in_tmp, toy_dataset, retriever_checkpoint,
