@@ -107,10 +107,7 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
     dotted = ".".join(k for k in keys if "." not in k) if len(keys) > 1 else ".".join(keys)
     flags = [a for a in argv if a.startswith("--") and (
         (nested and a.split("=", 1)[0].endswith("." + nested.group(1))) or a.split("=", 1)[0] == f"--{dotted}")]
-    # A key given twice: the one whose value the message quotes, else the last (the one that counts).
-    quoted = {v.strip() for v in values + re.findall(r"Got value: (.+)$", message, re.M)}
-    flag = next((a for a in reversed(flags) if "=" in a and {a.split("=", 1)[1], "None" if a.split("=", 1)[1] == "null" else ""} & quoted),
-                flags[-1] if flags else None)
+    flag = _blamed_flag(flags, {v.strip() for v in values + re.findall(r"Got value: (.+)$", message, re.M)})
     source = f"{flag}: " if flag else f"{', '.join(configs)}: " if configs else ""
     if keys:
         reason = _innermost_reason(message) or "invalid value"
@@ -118,6 +115,16 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
         key = f"{keys[0]}.{nested.group(1)}" if nested and len(keys) == 1 else ".".join(keys)
         return f"{source}{key}: {reason}{value}"
     return source + " ".join(line.strip() for line in message.splitlines() if line.strip())[:400]
+
+
+def _blamed_flag(flags: list[str], quoted: set[str]) -> str | None:
+    """Of the arguments that set the failing key (a key may be given twice), the one whose value the message
+    quotes (jsonargparse quotes null as None), else the last, the one that counts."""
+    def value(flag: str) -> str:
+        given = flag.split("=", 1)[1] if "=" in flag else ""
+        return "None" if given in ("null", "~") else given
+
+    return next((f for f in reversed(flags) if value(f) and value(f) in quoted), flags[-1] if flags else None)
 
 
 _STRUCTURE = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value", "- Problem with given class_path",
