@@ -24,6 +24,12 @@ def _publish(tmp: str, target: Path) -> None:
     os.replace(tmp, target)
 
 
+def temporary_names(prefix: str, suffix_pattern: str) -> re.Pattern[str]:
+    """The names `tempfile.mkstemp`/`mkdtemp` give with this prefix (8 characters of [a-z0-9_] after it), for
+    finding what a writer killed outright left behind; `suffix_pattern` is a regular expression."""
+    return re.compile(re.escape(prefix) + r"[a-z0-9_]{8}" + suffix_pattern)
+
+
 def require_file(path: str | os.PathLike, what: str) -> Path:
     """Fail early, naming the setting, instead of deep inside a loader."""
     p = Path(path)

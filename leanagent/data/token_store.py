@@ -19,7 +19,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from leanagent.io import temporary_names
 from leanagent.models.tokenizer import PAD_ID
 
 log = logging.getLogger("leanagent")
@@ -175,7 +175,7 @@ def _load(entry: Path, rows: int | None) -> TokenTable | None:
 def _remove_unfinished(entry: Path) -> None:
     """The temporary folders of earlier builds of `entry` that were killed outright (an exception removes its
     own). Called under the entry's lock, so none of them is another process's build in progress."""
-    unfinished = re.compile(re.escape(f".{entry.name}.") + r"[a-z0-9_]{8}\.tmp")  # _write's mkdtemp names
+    unfinished = temporary_names(f".{entry.name}.", r"\.tmp")  # _write's
     for p in entry.parent.iterdir():
         if unfinished.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)

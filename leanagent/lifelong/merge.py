@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -54,7 +53,7 @@ from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.corpus.provenance import write_manifest
 from leanagent.corpus.tactics import read_theorems
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_open, iter_jsonl, write_json
+from leanagent.io import atomic_open, iter_jsonl, temporary_names, write_json
 
 log = logging.getLogger("leanagent")
 
@@ -232,7 +231,10 @@ def _one_merge_at_a_time(folder: Path) -> Iterator[None]:
         yield
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # NFS emulates flock with write locks, which a folder opened to read cannot take
+            log.warning("merge: cannot lock %s (%s): merges writing beside this one are not kept apart", folder, e.strerror or e)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -241,8 +243,7 @@ def _one_merge_at_a_time(folder: Path) -> Iterator[None]:
 def _clear_leftovers(out_dir: Path) -> None:
     """Remove the temporary folders of merges into `out_dir` that were killed; a previous merge that a kill
     caught between moving it aside and moving the new one in goes back to `out_dir`. Call under the lock."""
-    # tempfile.mkdtemp's names: the prefix and suffix given below around 8 characters of [a-z0-9_]
-    ours = re.compile(re.escape(f".{out_dir.name}.") + r"[a-z0-9_]{8}\.(tmp|old)")
+    ours = temporary_names(f".{out_dir.name}.", r"\.(tmp|old)")
     try:
         beside = list(out_dir.parent.iterdir())
     except OSError:

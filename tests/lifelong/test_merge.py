@@ -225,6 +225,32 @@ def test_a_merge_killed_between_its_renames_is_put_back_and_its_leftovers_remove
     assert read_merged(out)[0][-1]["path"] == "C.lean"
 
 
+def test_a_previous_merge_left_aside_while_out_exists_is_removed_not_put_back(sources, tmp_path):
+    """A kill after the second rename: --out already holds the new merge, so the aside copy is only leftover."""
+    out = tmp_path / "merged"
+    merge_datasets(sources, out, split="random")
+    (tmp_path / ".merged.k1ll3d_x.old" / "previous").mkdir(parents=True)
+    merge_datasets(sources[:1], out, split="random", overwrite=True)
+    assert read_merged(out)[0][-1]["path"] == "A.lean" and leftovers(tmp_path) == ["merged", "src"]
+
+
+def test_merges_into_one_folder_take_turns(sources, tmp_path):
+    """Each clears the other's leftovers, so one must not run while another writes beside it."""
+    import fcntl
+    import os
+    import threading
+
+    held = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a merge into tmp_path/other would hold it
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (merge_datasets(sources, tmp_path / "merged", split="random"), done.set()))
+    worker.start()
+    assert not done.wait(1.0) and not (tmp_path / "merged").exists()
+    os.close(held)
+    worker.join(60)
+    assert done.is_set() and read_merged(tmp_path / "merged")[0][-1]["path"] == "C.lean"
+
+
 def test_overwrite_replaces_only_an_earlier_merge(sources, tmp_path, monkeypatch):
     """`--overwrite` must not delete what is not a merge: a folder holding a source (`--out data` for a source
     under data/), a folder without a corpus, the folder the command runs in, or a path under a file."""
