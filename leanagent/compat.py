@@ -180,10 +180,10 @@ def close_saved_epoch(checkpoint: dict[str, Any]) -> int | None:
     starts the next one afresh (`_FitLoop.on_run_start`, `reset_on_run`). With `trainer.max_steps` set it
     restarts on the epoch's end instead and runs the epoch-end hooks again, where EarlyStopping finds no
     validation metric (the validation ran before the checkpoint was saved) and stops the fit with a
-    traceback. Done here, in the saved loop state, both resume alike, except that Lightning, restarting a
-    validated fit by steps, also counts one stepped batch more (for checkpoints saved before that count
-    moved, which this one was not). Wraps the layout of Lightning's saved loop state (`loops["fit_loop"]`:
-    progress trackers and `epoch_loop.state_dict["_batches_that_stepped"]`).
+    traceback. Done here, in the saved loop state, both resume alike, except for the loggers' step, which
+    Lightning moves once more when it restarts a validated epoch by steps (`hold_batches_that_stepped`).
+    Wraps the layout of Lightning's saved loop state (`loops["fit_loop"]`: progress trackers and
+    `epoch_loop.state_dict["_batches_that_stepped"]`).
     """
     fit = (checkpoint.get("loops") or {}).get("fit_loop")
     try:
@@ -216,10 +216,12 @@ def hold_batches_that_stepped(trainer: pl.Trainer, count: int) -> None:
 
 
 def batches_that_stepped(trainer: pl.Trainer) -> int:
+    """The step the loggers write now (`_TrainingEpochLoop._batches_that_stepped`; `global_step` counts optimizer steps)."""
     return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
 
 
 def set_batches_that_stepped(trainer: pl.Trainer, count: int) -> None:
+    """Correct the loggers' step where Lightning moved it (see `hold_batches_that_stepped`)."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = count
 
 # jsonargparse.

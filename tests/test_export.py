@@ -109,15 +109,19 @@ def test_bad_exports_are_one_error_line_and_write_nothing(monkeypatch, tmp_path,
         name = "a/b"
     elif case == "out-dir-is-a-file":
         out.write_text("a file")
-    else:
+    else:  # found before the checkpoint (junk here) is read
         (tmp_path / "a-file").write_text("a file")
         out = tmp_path / "a-file" / "sub"
+        checkpoint = tmp_path / "notes.ckpt"
+        checkpoint.write_text("not a checkpoint")
     with pytest.raises(SystemExit) as exit_info:
         run_export(monkeypatch, str(checkpoint), "--name", name, "--command", "x", "--out-dir", str(out))
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
     assert not out.is_dir() or not any(out.iterdir())
+    if case.startswith("out-dir"):
+        assert err[0].startswith("error: --out-dir: "), err
 
 
 @pytest.mark.slow  # a real subprocess
