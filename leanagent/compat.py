@@ -224,6 +224,7 @@ def set_batches_that_stepped(trainer: pl.Trainer, count: int) -> None:
     """Correct the loggers' step where Lightning moved it (see `hold_batches_that_stepped`)."""
     trainer.fit_loop.epoch_loop._batches_that_stepped = count
 
+
 # jsonargparse.
 
 

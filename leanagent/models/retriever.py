@@ -201,9 +201,8 @@ class PremiseRetriever(pl.LightningModule):
         """Seed the global RNGs from (seed, epoch, batch, rank): the same dropout masks after a resume (batch_seeds.py)."""
         seed_global_rngs(batch_seed(getattr(self, "_rng_seed", 0), self.current_epoch, batch_idx, self.global_rank))
         if self._stepped_at_resume is not None:  # the first trained batch after a resume from an epoch's end
-            if compat.batches_that_stepped(self.trainer) != self._stepped_at_resume:
-                log.warning("the loggers' step after the resume was %d, set to the checkpoint's %d",
-                            compat.batches_that_stepped(self.trainer), self._stepped_at_resume)
+            if (moved := compat.batches_that_stepped(self.trainer)) != self._stepped_at_resume:
+                log.warning("the loggers' step after the resume was %d, set to the checkpoint's %d", moved, self._stepped_at_resume)
                 compat.set_batches_that_stepped(self.trainer, self._stepped_at_resume)
             self._stepped_at_resume = None
 
