@@ -249,8 +249,9 @@ def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_data
 
 @pytest.mark.parametrize("name", ["val", "test"])
 @pytest.mark.parametrize("content, fragment", [("[]", "no tactic states to evaluate"), (None, "split not found"),
-                                               ("outside", "none of its 2 tactic states has a premise annotation found")],
-                         ids=["empty", "missing", "no-positive-in-the-corpus"])
+                                               ("outside", "none of its 2 tactic states has a premise annotation found"),
+                                               ("unreachable", "none of the premises its 2 tactic states name is accessible")],
+                         ids=["empty", "missing", "no-positive-in-the-corpus", "no-positive-accessible"])
 def test_a_bad_evaluation_split_is_refused_before_training(capsys, in_tmp, toy_dataset, monkeypatch, name, content, fragment):
     import json
 
@@ -263,6 +264,11 @@ def test_a_bad_evaluation_split_is_refused_before_training(capsys, in_tmp, toy_d
         for tactic in theorems[0]["traced_tactics"]:
             for provenance in tactic["annotated_tactic"][1]:
                 provenance["def_path"] = "Elsewhere.lean"
+        split.write_text(json.dumps(theorems))
+    elif content == "unreachable":  # in the corpus, but D.lean imports none of their files
+        theorems = json.loads(split.read_text())[:1]
+        theorems[0]["file_path"] = "D.lean"
+        theorems[0]["traced_tactics"] = [theorems[0]["traced_tactics"][0]] * 2
         split.write_text(json.dumps(theorems))
     else:
         split.write_text(content) if content is not None else split.unlink()

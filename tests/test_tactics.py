@@ -3,9 +3,9 @@ import json
 import pytest
 
 from leanagent.corpus.corpus import Corpus
-from leanagent.corpus.tactics import load_tactic_states
+from leanagent.corpus.tactics import load_tactic_states, warn_unresolved
 from leanagent.errors import LeanAgentError
-from tests.conftest import tactic, theorem, toy_corpus, write_dataset
+from tests.conftest import premise, tactic, theorem, toy_corpus, write_dataset
 
 
 def test_every_tactic_becomes_a_state_with_its_resolved_positives(toy_dataset):
@@ -37,3 +37,23 @@ def test_split_file_that_is_not_a_list(tmp_path):
     (root / "random" / "train.json").write_text(json.dumps({"theorems": []}))
     with pytest.raises(LeanAgentError, match="expected a JSON list"):
         load_tactic_states(root / "random" / "train.json", Corpus.from_jsonl(root / "corpus.jsonl"))
+
+
+def test_positives_not_accessible_from_their_theorem_are_kept_and_counted(tmp_path, caplog):
+    corpus = toy_corpus()
+    corpus[1]["premises"].append({**premise("b_empty", 30, 31), "code": ""})  # skipped by the reader, as ReProver's is
+    val = [
+        theorem("C.lean", "early", 25, [tactic("s1", [("C.lean", "c2"), ("A.lean", "a1")])]),  # c2 ends at 31, below it
+        theorem("D.lean", "alone", 5, [tactic("s2", [("B.lean", "b1")]), tactic("s3", [("B.lean", "b_empty")])]),
+    ]
+    val[1]["traced_tactics"][1]["annotated_tactic"][1][0]["def_pos"] = [30, 1]  # where b_empty is: no other premise
+    root = write_dataset(tmp_path / "d", corpus, {"val": val})
+    states = load_tactic_states(root / "random" / "val.json", Corpus.from_jsonl(root / "corpus.jsonl"))
+    assert [len(p) for p in states.positives] == [2, 1, 0]  # kept: they count as misses, as in ReProver
+    assert (states.unreachable, states.reachable_states) == (2, 1)  # c2 (below the theorem) and b1 (not imported)
+    assert (states.skipped, states.unresolved) == (1, 0)  # b_empty is in the corpus file, but skipped
+    with caplog.at_level("WARNING", logger="leanagent"):
+        warn_unresolved(states, "val.json")
+    assert "2 annotated premise(s) are not accessible" in caplog.text
+    assert "1 premise annotation(s) that name premises the corpus reader skipped" in caplog.text
+    assert "outside the corpus" not in caplog.text

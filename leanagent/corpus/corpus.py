@@ -139,6 +139,8 @@ class Corpus:
             listed = Counter((paths[f], n) for f, n in zip(self.premise_file.tolist(), names))
             self._ambiguous = {key for key, count in listed.items() if count > 1}
         self.closure = self._import_closure()
+        # (path, full_name) of premises the reader skipped (empty code, ...): an annotation naming one is no error
+        self.skipped_names: set[tuple[str, str]] = set()
         self._torch_cache: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
     @classmethod
@@ -152,6 +154,7 @@ class Corpus:
         ends: list[int] = []
         seen: dict[str, int] = {}
         skipped: dict[str, int] = {}
+        skipped_names: set[tuple[str, str]] = set()
         for lineno, record in iter_jsonl(path):
             where = f"{path}:{lineno}"
             file_path = _field(record, "path", str, where)
@@ -169,6 +172,8 @@ class Corpus:
                 reason = skipped_premise(premise)
                 if reason is not None:
                     skipped[reason] = skipped.get(reason, 0) + 1
+                    if isinstance(premise["full_name"], str):
+                        skipped_names.add((file_path, premise["full_name"]))
                     continue
                 name, code, start, end = premise_fields(premise, f"{where}: premises[{k}]")
                 names.append(name)
@@ -199,6 +204,7 @@ class Corpus:
             )
         except ImportCycle as cycle:
             raise LeanAgentError(f"{path}: import cycle: {' -> '.join(cycle.files)}") from None
+        corpus.skipped_names = skipped_names
         if not names:
             raise LeanAgentError(f"{path}: no file of the corpus has a premise (every 'premises' list is empty or skipped)")
         if corpus._ambiguous:
@@ -272,6 +278,12 @@ class Corpus:
         """Ids of premises of `file_id` that end before `pos_key`."""
         lo, hi = self.file_ranges[file_id]
         return lo + np.flatnonzero(self.end_keys[lo:hi] <= pos_key)
+
+    def accessible_pairs(self, file_ids: np.ndarray, pos_keys: np.ndarray, premise_ids: np.ndarray) -> np.ndarray:
+        """For each (file, position, premise) triple, whether the premise is accessible there: imported by the
+        file, or above the position in the file itself (the rule of `accessible_mask`, one premise a row)."""
+        home = self.premise_file[premise_ids]
+        return self.closure[file_ids, home] | ((home == file_ids) & (self.end_keys[premise_ids] <= pos_keys))
 
     def accessible_ids(self, file_id: int, pos_key: int) -> np.ndarray:
         """All premise ids accessible at a position; for tests and tools, not the hot path."""

@@ -17,7 +17,13 @@ log = logging.getLogger("leanagent")
 
 @dataclass
 class TacticStates:
-    """One row per traced tactic: the state it starts from and every premise its annotation names."""
+    """One row per traced tactic: the state it starts from and every premise its annotation names.
+
+    Annotations the corpus cannot resolve are counted, not kept: `unresolved` (outside the corpus) and
+    `skipped` (a premise the corpus reader skipped, as ReProver's does). `unreachable` counts kept positives
+    that are not accessible from their state (its file neither imports them nor lists them above it): they stay,
+    counted as misses as in ReProver, and `reachable_states` counts the states with a positive that is.
+    """
 
     states: list[str] = field(default_factory=list)
     file_ids: list[int] = field(default_factory=list)
@@ -26,6 +32,9 @@ class TacticStates:
     theorem_names: list[str] = field(default_factory=list)
     tactic_indices: list[int] = field(default_factory=list)
     unresolved: int = 0
+    skipped: int = 0
+    unreachable: int = 0
+    reachable_states: int = 0
     _positives_array: np.ndarray | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -34,7 +43,8 @@ class TacticStates:
     def extend(self, other: TacticStates) -> None:
         for name in ("states", "file_ids", "pos_keys", "positives", "theorem_names", "tactic_indices"):
             getattr(self, name).extend(getattr(other, name))
-        self.unresolved += other.unresolved
+        for name in ("unresolved", "skipped", "unreachable", "reachable_states"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def positives_array(self) -> np.ndarray:
         """Positives padded with -1 to a [N, max] array, so batches can test membership without sets."""
@@ -87,7 +97,10 @@ def tactic_states(theorems: list, corpus: Corpus, split_file: str | os.PathLike)
                     provenance.get("def_pos"),
                 )
                 if premise_id is None:
-                    out.unresolved += 1
+                    if (provenance["def_path"], provenance["full_name"]) in corpus.skipped_names:
+                        out.skipped += 1
+                    else:
+                        out.unresolved += 1
                 elif premise_id not in positives:
                     positives.append(premise_id)
             out.states.append(state)
@@ -96,14 +109,38 @@ def tactic_states(theorems: list, corpus: Corpus, split_file: str | os.PathLike)
             out.positives.append(positives)
             out.theorem_names.append(name)
             out.tactic_indices.append(k)
+    _count_reachable(out, corpus)
     return out
 
 
+def _count_reachable(states: TacticStates, corpus: Corpus) -> None:
+    rows = np.repeat(np.arange(len(states)), [len(p) for p in states.positives])
+    if not len(rows):
+        return
+    premise_ids = np.fromiter((p for ps in states.positives for p in ps), dtype=np.int64, count=len(rows))
+    file_ids = np.asarray(states.file_ids, dtype=np.int64)[rows]
+    pos_keys = np.asarray(states.pos_keys, dtype=np.int64)[rows]
+    reachable = corpus.accessible_pairs(file_ids, pos_keys, premise_ids)
+    states.unreachable = int((~reachable).sum())
+    states.reachable_states = len(np.unique(rows[reachable]))
+
+
 def warn_unresolved(states: TacticStates, what: str) -> None:
-    """One summary line instead of one warning per annotation, as real LeanDojo data has many."""
+    """One summary line per kind instead of one warning per annotation, as real LeanDojo data has many."""
     if states.unresolved:
         log.warning(
             "%s: skipped %d premise annotation(s) that point outside the corpus", what, states.unresolved
+        )
+    if states.skipped:
+        log.warning(
+            "%s: skipped %d premise annotation(s) that name premises the corpus reader skipped (empty code, ...)",
+            what, states.skipped,
+        )
+    if states.unreachable:
+        log.warning(
+            "%s: %d annotated premise(s) are not accessible from their theorem (its file neither imports them nor "
+            "lists them above it): retrieval cannot find them, so they count as misses, as in ReProver",
+            what, states.unreachable,
         )
 
 
@@ -117,11 +154,18 @@ def require_training_examples(states: TacticStates, split_file: str | os.PathLik
 
 
 def require_positives(states: TacticStates, split_file: str | os.PathLike, corpus_source: str | os.PathLike) -> None:
-    """An evaluated split none of whose states names a premise of the corpus scores 0 for any model: checkpoint
-    selection, early stopping and hybrid's weight would run on zeros, so it is refused instead."""
+    """An evaluated split none of whose states names a premise of the corpus, or one accessible from the state,
+    scores 0 for any model: checkpoint selection, early stopping and hybrid's weight would run on zeros, so it is
+    refused instead."""
     if len(states) and not any(states.positives):
         outside = f"; {states.unresolved} annotation(s) point outside it" if states.unresolved else ""
         raise LeanAgentError(
             f"{split_file}: none of its {len(states)} tactic states has a premise annotation found in the corpus "
             f"{corpus_source}{outside}, so every Recall@k would be 0: is the corpus the one traced with this split?"
+        )
+    if len(states) and not states.reachable_states:
+        raise LeanAgentError(
+            f"{split_file}: none of the premises its {len(states)} tactic states name is accessible from the theorem "
+            f"in the corpus {corpus_source} (the theorem's file neither imports them nor lists them above it), so every "
+            f"Recall@k would be 0: are the corpus's 'imports' complete?"
         )

@@ -69,16 +69,18 @@ NO_TRACES = "repository 'bad' has no theorem with traced tactics"
 @pytest.mark.parametrize("part, content, fragment", [
     ("val", [], NO_TRACES), ("val", [{"full_name": "t", "traced_tactics": []}], NO_TRACES),
     ("val", [theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "none of its 1 tactic states has a premise"),
+    ("test", [theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])])], "none of the premises its 1 tactic states name is accessible"),
     ("train", [theorem("A.lean", "t", 1, [tactic("s", [("Elsewhere.lean", "p")])])], "no training examples \\(no traced tactic has a premise"),
     ("train", [{**theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])]), "traced_tactics": [{"tactic": "simp"}]}],
      r"traced_tactics\[0\]"),
-], ids=["val-empty", "val-untraced", "val-premises-outside-the-corpus", "train-premises-outside-the-corpus", "train-malformed-tactic"])
+], ids=["val-empty", "val-untraced", "val-premises-outside-the-corpus", "test-premise-below-the-theorem",
+        "train-premises-outside-the-corpus", "train-malformed-tactic"])
 def test_a_repository_without_usable_splits_is_refused_before_any_stage(tmp_path, part, content, fragment):
     from leanagent.lifelong.runner import LifelongRun
     from leanagent.lifelong.settings import LifelongSettings
 
     corpus = [{"path": "A.lean", "imports": [], "premises": [premise("p", 1, 2)]}]
-    traced = [theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])])]
+    traced = [theorem("A.lean", "t", 5, [tactic("s", [("A.lean", "p")])])]  # p ends above t: accessible
     for name in ("good", "bad"):
         write_dataset(tmp_path / "data" / name, corpus, {"train": traced, "val": traced, "test": traced})
     (tmp_path / "data" / "bad" / "random" / f"{part}.json").write_text(json.dumps(content))
@@ -240,7 +242,7 @@ def test_a_bundled_dataset_refused_before_stage_0_leaves_no_output_dir(tmp_path)
     from leanagent.lifelong.settings import LifelongSettings
 
     corpus = [{"path": p, "imports": [], "premises": [premise("p", 1, 2)]} for p in ("P/A/x.lean", "P/B/y.lean")]
-    traced = lambda path, name: theorem(path, name, 1, [tactic("s", [(path, "p")])])
+    traced = lambda path, name: theorem(path, name, 5, [tactic("s", [(path, "p")])])
     root = write_dataset(tmp_path / "d", corpus, {"train": [traced("P/A/x.lean", "a"), traced("P/B/y.lean", "b")],
                                                   "val": [traced("P/A/x.lean", "a2")], "test": [traced("P/A/x.lean", "a3")]})
     out = tmp_path / "results" / "out"
@@ -252,7 +254,7 @@ def test_a_bundled_dataset_refused_before_stage_0_leaves_no_output_dir(tmp_path)
 
 def _two_repositories(root: Path) -> Repositories:
     corpus = [{"path": "A.lean", "imports": [], "premises": [premise("p", 1, 2)]}]
-    traced = [theorem("A.lean", "t", 1, [tactic("s", [("A.lean", "p")])])]
+    traced = [theorem("A.lean", "t", 5, [tactic("s", [("A.lean", "p")])])]
     for name in ("one", "two"):
         write_dataset(root / name, corpus, {"train": traced, "val": traced, "test": traced})
     return Repositories(data_root=str(root), names=["one", "two"], bundled=None)
