@@ -122,22 +122,20 @@ def test_the_warning_that_a_fit_starts_away_from_theta_star_is_printed_once_not_
     import logging
     from types import SimpleNamespace
 
-    from pytorch_lightning.trainer.states import TrainerFn
-
     fisher_for(retriever_checkpoint, tmp_path / "f.safetensors", embed_theta=True)
-    checkpoint = torch.load(retriever_checkpoint, weights_only=True)
-    checkpoint["state_dict"] = {k: v + 1.0 if v.is_floating_point() else v for k, v in checkpoint["state_dict"].items()}
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
     logger = logging.getLogger("leanagent")
     logger.addHandler(handler)
     try:
-        for rank in (0, 1, 2, 3):  # what each DDP rank runs when it loads the checkpoint
-            model = PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
-            model._trainer = SimpleNamespace(global_rank=rank, is_global_zero=rank == 0,
-                                             state=SimpleNamespace(fn=TrainerFn.FITTING))
-            model.on_load_checkpoint(checkpoint)
+        # init_from the Fisher's own checkpoint: at theta*; random weights (or any other start): away from it
+        for init_from in (str(retriever_checkpoint), None):
+            for rank in (0, 1, 2, 3):  # what each DDP rank runs at the start of the fit
+                model = PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"),
+                                         ewc_lambda=1.0, init_from=init_from)
+                model._trainer = SimpleNamespace(global_rank=rank)
+                model._warn_away_from_theta_star()
     finally:
         logger.removeHandler(handler)
     assert [r.getMessage()[:40] for r in records if "theta*" in r.getMessage()] == [

@@ -9,7 +9,8 @@ Corpus (``corpus.jsonl``)
     written once as the first source has it. If records for a path differ, the merged
     record has the union of imports (first record's order, new ones appended) and the
     union of premises, deduplicated by (path, full_name) with the first occurrence winning,
-    stably sorted by ``start`` position. Other keys come from the first record. Premises that
+    stably sorted by ``start`` position, and one warning names such a file and two of its sources
+    (a dependency traced at two commits). Other keys come from the first record. Premises that
     every reader skips, as ReProver's loader does (a null ``full_name``, ...), are not checked
     and are left out of such a union.
   * Every import must name a file of the merged corpus and imports must not form a
@@ -89,6 +90,8 @@ class _File:
     premises: dict[str, dict[str, Any]]
     import_origin: dict[str, str]
     rebuild: bool = False
+    origin: Path | None = None  # the source of `record`
+    differs_in: Path | None = None  # the first other source that lists the file otherwise
 
 
 def _check_corpus_record(rec: Any, where: str) -> None:
@@ -120,11 +123,12 @@ def _read_corpora(sources: list[Path]) -> dict[str, _File]:
             listed[path] = lineno
             seen = files.get(path)
             if seen is None:
-                seen = files[path] = _File(record=rec, imports=[], premises={}, import_origin={})
+                seen = files[path] = _File(record=rec, imports=[], premises={}, import_origin={}, origin=src)
             elif rec == seen.record:
                 continue
             else:
                 seen.rebuild = True
+                seen.differs_in = seen.differs_in or src
             for imp in rec["imports"]:
                 if imp in seen.import_origin:
                     seen.rebuild = True
@@ -139,6 +143,19 @@ def _read_corpora(sources: list[Path]) -> dict[str, _File]:
                 else:
                     seen.premises[p["full_name"]] = p
     return files
+
+
+def _warn_differing(files: dict[str, _File]) -> None:
+    """Sources that list a shared file otherwise (a dependency at another commit) are merged as a union that
+    neither traced; one line says so, as the datasets may not belong together."""
+    differing = [(path, f) for path, f in files.items() if f.differs_in is not None]
+    if differing:
+        path, f = differing[0]
+        log.warning(
+            "merge: %d file(s) shared by the sources are listed differently by them (e.g. %s in %s and %s); each is "
+            "written as the union of their imports and premises, the first source's premise for a name both list",
+            len(differing), path, f.origin, f.differs_in,
+        )
 
 
 def _topological_order(files: dict[str, _File]) -> list[str]:
@@ -300,6 +317,7 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
 
     files = _read_corpora(sources)
     order = _topological_order(files)
+    _warn_differing(files)
     theorems = {}
     kept_out = {}
     for name in splits:

@@ -196,6 +196,18 @@ class PremiseRetriever(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         self._rng_seed = run_seed()
+        self._warn_away_from_theta_star()
+
+    def _warn_away_from_theta_star(self) -> None:
+        """The weights the fit starts from (init_from, --ckpt_path or random), once they are all in place."""
+        if self.ewc is None or self.global_rank != 0:  # every rank starts from the same weights; one warning is enough
+            return
+        moved = self.ewc.differing({name: p.detach().cpu() for name, p in self.encoder_parameters()})
+        if moved:
+            log.warning(
+                "EWC: this fit starts from weights other than the Fisher's theta* (%d of %d tensors differ, e.g. %s); "
+                "the penalty pulls towards %s", len(moved), len(self.ewc.names), moved[0], self.ewc.source,
+            )
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         """Seed the global RNGs from (seed, epoch, batch, rank): the same dropout masks after a resume (batch_seeds.py)."""
@@ -365,13 +377,6 @@ class PremiseRetriever(pl.LightningModule):
             if cleared and self.trainer.is_global_zero:
                 log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
                          "wait count and patience)", ", ".join(k.split("{")[0] for k in cleared))
-        if self.ewc is not None:
-            moved = self.ewc.differing(checkpoint.get("state_dict", {}))
-            if moved and self.global_rank == 0:  # every rank loads the checkpoint; one warning is enough
-                log.warning(
-                    "EWC: this fit starts from weights other than the Fisher's theta* (%d of %d tensors differ, e.g. %s); "
-                    "the penalty pulls towards %s", len(moved), len(self.ewc.names), moved[0], self.ewc.source,
-                )
         # Read by the data module (train_order) when it builds the training loader, before Lightning restores its loops.
         self._resume_position = resume_position(checkpoint)
         restored = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None

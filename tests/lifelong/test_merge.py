@@ -108,6 +108,19 @@ def test_merge_counts_and_contents(sources, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "merged_from.json", "random"]
 
 
+def test_a_file_the_sources_list_differently_is_named_in_one_warning(sources, tmp_path, caplog):
+    a, b, c = sources
+    with caplog.at_level("WARNING", logger="leanagent"):
+        merge_datasets([a, a], tmp_path / "same", split="random")  # every file shared, alike
+    assert "listed differently" not in caplog.text
+    with caplog.at_level("WARNING", logger="leanagent"):
+        merge_datasets(sources, tmp_path / "merged", split="random")
+    warned = [r.getMessage() for r in caplog.records if "listed differently" in r.getMessage()]
+    assert warned == [f"merge: 1 file(s) shared by the sources are listed differently by them (e.g. Init.lean in {a} and "
+                      f"{b}); each is written as the union of their imports and premises, the first source's premise "
+                      "for a name both list"]
+
+
 def test_the_merge_records_the_sha256_of_every_source_file_it_read(sources, tmp_path):
     import hashlib
 
