@@ -97,12 +97,27 @@ def test_ranks_that_stopped_on_sigterm_or_ctrl_c_are_not_called_lost(codes, monk
     """Children that exit 128 + SIGTERM/SIGINT after rank 0 saved were preempted: no `lost` line, and the
     observer must not end rank 0 (exit 4) while it is still saving or exiting with its own code."""
     monkeypatch.setattr(rank_observer, "LOST_GRACE_S", 0.0)
+    monkeypatch.setattr(rank_observer, "_joined", lambda: True)
     monkeypatch.setattr(state, "folder", tmp_path)
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
     observer = rank_observer.RankObserver([_Exited(c) for c in codes])
     assert observer.check() is True  # nothing more to watch
     assert "lost" not in capsys.readouterr().err and not observer.named and exits == []
+
+
+@pytest.mark.parametrize("codes, ended", [((130, 130, 130), [130]), ((0, 0), [])])
+def test_ranks_that_stopped_before_joining_end_rank_0_stuck_in_the_rendezvous(codes, ended, monkeypatch, tmp_path, capsys):
+    """Ctrl-C while the ranks start: the children stop, rank 0 waits in torch's rendezvous (a C++ call that runs
+    no signal handler) for ranks that will never come; the observer ends it with the children's code."""
+    monkeypatch.setattr(rank_observer, "LOST_GRACE_S", 0.0)
+    monkeypatch.setattr(rank_observer, "_joined", lambda: False)
+    monkeypatch.setattr(state, "folder", tmp_path)
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+    assert rank_observer.RankObserver([_Exited(c) for c in codes]).check() is True
+    err = capsys.readouterr().err
+    assert exits == ended and ("stopped by SIGINT: the other ranks stopped on it before they joined" in err) == bool(ended)
 
 
 def test_a_rank_killed_beside_preempted_ones_is_still_named(monkeypatch, tmp_path, capsys):

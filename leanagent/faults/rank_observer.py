@@ -44,7 +44,11 @@ class RankObserver(threading.Thread):
         codes = [proc.returncode for proc in self.child_processes]
         if all(code == 0 or code in PREEMPTED_CODES for code in codes):
             # Every child finished, or stopped on a signal after rank 0's checkpoint (exit 128 + signal,
-            # callbacks/preemption.py): rank 0 ends the same way on its own and says so itself.
+            # callbacks/preemption.py): rank 0 ends the same way on its own and says so itself, unless the
+            # signal came before the ranks joined (Ctrl-C while they start).
+            stopped = [code for code in codes if code]
+            if stopped and not _joined():
+                self._end_unjoined(stopped[0])
             return True
         failed = [(i + 1, p) for i, p in enumerate(self.child_processes) if p.returncode and p.returncode not in PREEMPTED_CODES]
         if not failed:
@@ -75,6 +79,25 @@ class RankObserver(threading.Thread):
         time.sleep(LOST_GRACE_S / 2)  # the main thread normally exits (EXIT_RANK_LOST) before this
         print_line(f"error (rank 0): stopped because {self.reason}")
         os._exit(EXIT_RANK_LOST)
+
+
+    def _end_unjoined(self, code: int) -> None:
+        # Rank 0 waits for them in torch's rendezvous, a C++ call that runs no Python signal handler
+        # until it returns: with the job's 364-day timeout, not in this run. Its own line would have come by now.
+        time.sleep(LOST_GRACE_S / 2)
+        if _joined():
+            return
+        name = signal.Signals(code - 128).name
+        print_line(f"error (rank 0): stopped by {name}: the other ranks stopped on it before they joined; "
+                   "nothing was trained, run the same command again")
+        os._exit(code)
+
+
+def _joined() -> bool:
+    """Whether this process's group exists: its rendezvous with the other ranks has finished."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def stop_children(procs: list[subprocess.Popen], grace_s: float) -> None:
