@@ -184,3 +184,30 @@ def test_sigterm_to_every_rank_while_one_waits_in_a_collective_ends_the_evaluati
     assert returncode == 143, stderr[-3000:]
     errors = [line for line in stderr.splitlines() if line.startswith("error")]
     assert errors == ["error: test stopped by SIGTERM; run the same command again"], stderr[-3000:]
+
+
+def test_ctrl_c_while_the_ranks_start_ends_rank_0_waiting_in_the_rendezvous(tmp_path, mini_dataset):
+    """The spawned ranks stop on it before they join; rank 0, in torch's rendezvous (no signal handler runs
+    there), would wait for them for the 364-day timeout if its observer did not end it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update(PYTHONPATH=str(REPO))
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "w") as err:
+        process = subprocess.Popen([sys.executable, str(REPO / "main.py"), *fit_args(mini_dataset)], cwd=tmp_path, env=env,
+                                   stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+        try:
+            deadline = time.time() + 300
+            while "Initializing distributed: GLOBAL_RANK: 0" not in errors.read_text() and time.time() < deadline:
+                assert process.poll() is None, errors.read_text()[-3000:]
+                time.sleep(0.05)
+            time.sleep(1.5)  # rank 1 is past Python's own start (a Ctrl-C there is the interpreter's fatal error) and
+            os.killpg(process.pid, signal.SIGINT)  # still loading its libraries: seconds before it would join
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    stderr = errors.read_text()
+    assert process.returncode == 130, stderr[-3000:]
+    assert "error (rank 0): stopped by SIGINT: the other ranks stopped on it before they joined" in stderr
+    assert "Traceback" not in stderr
