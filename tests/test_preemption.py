@@ -78,12 +78,18 @@ def _heartbeat_step(folder: Path) -> tuple[str, int, int] | None:
     return (record["phase"], int(found.group(1)), int(found.group(2))) if found else None
 
 
+def launch_env(**extra: str) -> dict[str, str]:
+    """This environment for `main.py` started as a user would: the repository importable, and no rank variables
+    of a launcher around pytest."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_"))}
+    return {**env, "PYTHONPATH": str(REPO), **extra}
+
+
 def ctrl_c_when_training(args: list[str], cwd: Path, after_batch: int = 0, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `main.py args` in a session of its own and press Ctrl-C as a terminal does: SIGINT to the whole
     process group (every rank and worker), once rank 0 has finished training batch `after_batch`."""
     heartbeats = cwd / "heartbeats"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_"))}
-    env.update(PYTHONPATH=str(REPO), LEANAGENT_HEARTBEAT_DIR=str(heartbeats))
+    env = launch_env(LEANAGENT_HEARTBEAT_DIR=str(heartbeats))
     with open(cwd / "stderr.txt", "w") as err:
         process = subprocess.Popen([sys.executable, str(REPO / "main.py"), *args], cwd=cwd, env=env,
                                    stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
@@ -189,8 +195,7 @@ def test_sigterm_to_every_rank_while_one_waits_in_a_collective_ends_the_evaluati
 def test_ctrl_c_while_the_ranks_start_ends_rank_0_waiting_in_the_rendezvous(tmp_path, mini_dataset):
     """The spawned ranks stop on it before they join; rank 0, in torch's rendezvous (no signal handler runs
     there), would wait for them for the 364-day timeout if its observer did not end it."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_"))}
-    env.update(PYTHONPATH=str(REPO))
+    env = launch_env()
     errors = tmp_path / "stderr.txt"
     with open(errors, "w") as err:
         process = subprocess.Popen([sys.executable, str(REPO / "main.py"), *fit_args(mini_dataset)], cwd=tmp_path, env=env,

@@ -279,17 +279,16 @@ class Corpus:
         lo, hi = self.file_ranges[file_id]
         return lo + np.flatnonzero(self.end_keys[lo:hi] <= pos_key)
 
-    def accessible_pairs(self, file_ids: np.ndarray, pos_keys: np.ndarray, premise_ids: np.ndarray) -> np.ndarray:
+    def accessible_pairs(self, file_ids: np.ndarray | int, pos_keys: np.ndarray | int, premise_ids: np.ndarray) -> np.ndarray:
         """For each (file, position, premise) triple, whether the premise is accessible there: imported by the
-        file, or above the position in the file itself (the rule of `accessible_mask`, one premise a row)."""
+        file, or above the position in the file itself (the rule of `accessible_mask`, one premise a row; a
+        single file and position apply to every premise)."""
         home = self.premise_file[premise_ids]
         return self.closure[file_ids, home] | ((home == file_ids) & (self.end_keys[premise_ids] <= pos_keys))
 
     def accessible_ids(self, file_id: int, pos_key: int) -> np.ndarray:
         """All premise ids accessible at a position; for tests and tools, not the hot path."""
-        mask = self.closure[file_id][self.premise_file]
-        mask[self.accessible_in_file(file_id, pos_key)] = True
-        return np.flatnonzero(mask)
+        return np.flatnonzero(self.accessible_pairs(file_id, pos_key, np.arange(len(self))))
 
     def accessible_mask(self, file_ids: torch.Tensor, pos_keys: torch.Tensor) -> torch.Tensor:
         """[B, num_premises] boolean mask of the premises each query may use, computed on the queries' device."""

@@ -80,7 +80,6 @@ class RankObserver(threading.Thread):
         print_line(f"error (rank 0): stopped because {self.reason}")
         os._exit(EXIT_RANK_LOST)
 
-
     def _end_unjoined(self, code: int) -> None:
         # Rank 0 waits for them in torch's rendezvous, a C++ call that runs no Python signal handler
         # until it returns: with the job's 364-day timeout, not in this run. Its own line would have come by now.
