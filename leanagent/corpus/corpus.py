@@ -292,10 +292,13 @@ class Corpus:
 
     def accessible_mask(self, file_ids: torch.Tensor, pos_keys: torch.Tensor) -> torch.Tensor:
         """[B, num_premises] boolean mask of the premises each query may use, computed on the queries' device."""
-        closure, premise_file, end_keys = self._on_device(file_ids.device)
-        imported = closure[file_ids][:, premise_file]
-        same_file = (premise_file[None, :] == file_ids[:, None]) & (end_keys[None, :] <= pos_keys[:, None])
-        return imported | same_file
+        closure, premise_file, _ = self._on_device(file_ids.device)
+        return closure[file_ids][:, premise_file] | self.own_file_mask(file_ids, pos_keys)
+
+    def own_file_mask(self, file_ids: torch.Tensor, pos_keys: torch.Tensor) -> torch.Tensor:
+        """[B, num_premises] the premises of each query's own file above its position (a subset of `accessible_mask`)."""
+        _, premise_file, end_keys = self._on_device(file_ids.device)
+        return (premise_file[None, :] == file_ids[:, None]) & (end_keys[None, :] <= pos_keys[:, None])
 
     def _on_device(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         if device not in self._torch_cache:

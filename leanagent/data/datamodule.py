@@ -303,7 +303,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
                if bm25_scores else {}),
         }
 
-    def _collate_eval(self, split: str, indices: list[int]) -> dict[str, torch.Tensor]:
+    def collate_eval(self, split: str, indices: list[int]) -> dict[str, torch.Tensor]:
         rows = np.asarray(indices, dtype=np.int64)
         states = self.states(split)
         query_ids, query_mask = self.state_tokens(split).gather(rows)
@@ -382,7 +382,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
     def eval_dataloader(self, split: str) -> DataLoader:
         states = self.check_split(split)
         return self._loader(
-            EvalStates(states), self.eval_batch_size, partial(self._collate_eval, split), exact=True, never_empty=True
+            EvalStates(states), self.eval_batch_size, partial(self.collate_eval, split), exact=True, never_empty=True
         )
 
     def val_dataloader(self) -> DataLoader:

@@ -61,6 +61,8 @@ class TokenLengths(Protocol):
 class RetrievalData(Protocol):
     """The data the retriever evaluates and predicts on (implemented by `RetrievalDataModule`)."""
 
+    eval_batch_size: int  # tactic states per evaluation batch
+
     @property
     @abstractmethod
     def corpus(self) -> Corpus: ...
@@ -86,6 +88,10 @@ class RetrievalData(Protocol):
     @abstractmethod
     def train_states(self) -> TacticStates:
         """The train split's states; raises LeanAgentError naming the file if none has a premise to learn from."""
+
+    @abstractmethod
+    def collate_eval(self, split: str, indices: list[int]) -> dict[str, torch.Tensor]:
+        """A batch {"index", "query_ids", "query_mask", "file_ids", "pos_keys", "positives"} of a split's states."""
 
     @abstractmethod
     def corpus_dataloader(self, premise_ids: np.ndarray) -> Iterable[dict[str, torch.Tensor]]:

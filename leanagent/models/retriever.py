@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,11 +29,14 @@ from leanagent.models.encoder import Encoder
 from leanagent.models.encoder_negatives import mine_with_start_encoder
 from leanagent.models.fit_checkpoint import fit_state_entry, resume_position
 from leanagent.models.hybrid_weights import load_hybrid_weights, mode_weight, save_hybrid_weights, weight_for
-from leanagent.models.losses import LOSSES, batch_loss, share_candidates
+from leanagent.models.hyperparameters import check_settings
+from leanagent.models.locality import CHECKPOINT_KEY as LOCALITY_KEY
+from leanagent.models.locality import choose_bias, load_bias, with_bonus
+from leanagent.models.losses import batch_loss, share_candidates
 from leanagent.models.ranking_eval import RankingEvaluation, check_monitors, evaluation_weights, logged_metrics
 from leanagent.models.schedule import adamw_with_schedule, fit_steps, override_restored
 from leanagent.retrieval.dense import dense_scores, rescore_head
-from leanagent.retrieval.fusion import RETRIEVAL_MODES, Fuser, choose_weight
+from leanagent.retrieval.fusion import Fuser, choose_weight
 
 log = logging.getLogger("leanagent")
 
@@ -58,6 +60,7 @@ class PremiseRetriever(pl.LightningModule):
         init_from: str | None = None,
         cross_rank_negatives: bool = False,
         bm25_distillation: float = 0.0,
+        locality: bool = True,
     ) -> None:
         """
         Args:
@@ -91,28 +94,19 @@ class PremiseRetriever(pl.LightningModule):
             bm25_distillation: weight of a second loss that teaches the encoder BM25's ranking of each
                 batch's candidates (`losses.bm25_distillation_loss`): matching identifiers, which carries
                 over to repositories it never trained on. 0 disables it.
+            locality: choose, at each validation, a score bonus for the premises of the theorem's own
+                file (leanagent/models/locality.py), which the dense ranking adds to the cosines. False
+                ranks by the encoder's cosines alone (a checkpoint's bonus is kept, not used); not saved
+                as a hyperparameter, so it applies to any checkpoint.
         """
         super().__init__()
         # LightningCLI lets a checkpoint's hyperparameters override the command line, so settings that
         # belong to a run rather than to the weights (evaluation size, EWC of this stage) are not saved.
         self.save_hyperparameters(
-            ignore=["num_retrieved", "fisher_path", "ewc_lambda", "ewc_form", "retrieval", "init_from"]
+            ignore=["num_retrieved", "fisher_path", "ewc_lambda", "ewc_form", "retrieval", "init_from", "locality"]
         )
-        if loss not in LOSSES:
-            raise LeanAgentError(f"model.loss must be one of {LOSSES}, got {loss!r}")
-        if num_retrieved < 1:
-            raise LeanAgentError(f"model.num_retrieved must be at least 1, got {num_retrieved}")
-        for name, value, low in (("lr", lr, 0.0), ("weight_decay", weight_decay, 0.0), ("warmup_steps", warmup_steps, 0)):
-            if not (value >= low and math.isfinite(value)) or (name == "lr" and value == 0):
-                raise LeanAgentError(f"model.{name} must be {'positive' if name == 'lr' else 'non-negative'}, got {value}")
-        if length_bucket < 1:
-            raise LeanAgentError(f"model.length_bucket must be at least 1, got {length_bucket}")
-        if not (chunk_cost >= 0 and math.isfinite(chunk_cost)):
-            raise LeanAgentError(f"model.chunk_cost must be a non-negative number, got {chunk_cost}")
-        if not (bm25_distillation >= 0 and math.isfinite(bm25_distillation)):
-            raise LeanAgentError(f"model.bm25_distillation must be a non-negative number, got {bm25_distillation}")
-        if retrieval not in RETRIEVAL_MODES:
-            raise LeanAgentError(f"model.retrieval must be one of {RETRIEVAL_MODES}, got {retrieval!r}")
+        check_settings(loss=loss, num_retrieved=num_retrieved, lr=lr, weight_decay=weight_decay, warmup_steps=warmup_steps,
+                       length_bucket=length_bucket, chunk_cost=chunk_cost, bm25_distillation=bm25_distillation, retrieval=retrieval)
         self.retrieval = retrieval
         # Chosen on validation, one per premise set (`Corpus.premise_set_key`) it was chosen on.
         self.hybrid_weights: dict[str, float] = {}
@@ -129,6 +123,8 @@ class PremiseRetriever(pl.LightningModule):
         self.init_from = init_from
         self.cross_rank_negatives = cross_rank_negatives
         self.bm25_distillation = bm25_distillation
+        self.locality = locality
+        self.locality_bias = 0.0  # chosen on validation (locality.py); checkpoints carry it
         if init_from is not None:
             from leanagent.pretrained import load_encoder
 
@@ -269,6 +265,11 @@ class PremiseRetriever(pl.LightningModule):
         return datamodule.corpus.premise_set_key if datamodule is not None else None
 
     @property
+    def own_file_bonus(self) -> float:
+        """What the dense ranking adds to the cosines of the state's own file's premises (locality.py)."""
+        return self.locality_bias if self.locality else 0.0
+
+    @property
     def current_hybrid_weight(self) -> float:
         """The weight validation chose for this premise set, else DEFAULT_HYBRID_WEIGHT (BM25; hybrid_weights.py)."""
         return weight_for(self.hybrid_weights, self._premise_set())
@@ -293,6 +294,7 @@ class PremiseRetriever(pl.LightningModule):
             cosines = dense_scores(queries, corpus)
             if corpus.dtype != self.corpus_embeddings.dtype:
                 rescore = functools.partial(rescore_head, queries=queries, corpus=self.corpus_embeddings)
+            cosines, rescore = with_bonus(cosines, rescore, data.corpus, batch, self.own_file_bonus)
         if sparse:
             texts = data.states(self._split).states
             sparse_scores = data.bm25_index.scores([texts[i] for i in batch["index"].tolist()]).to(accessible.device)
@@ -314,6 +316,10 @@ class PremiseRetriever(pl.LightningModule):
     # Evaluation: every example at every weight, reduced over ranks once per epoch (ranking_eval.py).
     def _start_eval(self, split: str) -> None:
         self._ensure_corpus_embeddings()
+        if split == "val" and self.locality and not self.trainer.sanity_checking:
+            self.locality_bias, counted = choose_bias(self, split)
+            if self.global_rank == 0:
+                log.info("own-file bonus of the dense ranking: %.2f, chosen on %d validation states", self.locality_bias, counted)
         self._split = split
         weights = evaluation_weights(split, self.current_hybrid_weight)
         self._evaluation = RankingEvaluation(len(self.data.states(split)), weights, self.num_retrieved, self.device)
@@ -332,6 +338,7 @@ class PremiseRetriever(pl.LightningModule):
         for name, value in results.items():
             self.log(name, value, prog_bar=name == f"Recall@10_{suffix}", sync_dist=True)
         self.log(f"num_evaluated_{suffix}", float(len(per_example)), sync_dist=True)
+        self.log(f"locality_bias_{suffix}", self.own_file_bonus, sync_dist=True)
         return results
 
     def on_validation_epoch_start(self) -> None:
@@ -364,6 +371,7 @@ class PremiseRetriever(pl.LightningModule):
     # Checkpoints: the fit's plan and the hybrid weights go in; one made for another architecture is refused.
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         save_hybrid_weights(checkpoint, self.hybrid_weights)
+        checkpoint[LOCALITY_KEY] = self.locality_bias
         if self.trainer.state.fn == TrainerFn.FITTING:
             checkpoint[FIT_STATE_KEY] = fit_state_entry(self.trainer, self._fit_start_epoch, self._fit_start_step)
 
@@ -388,3 +396,4 @@ class PremiseRetriever(pl.LightningModule):
             )
         check_state_dict(checkpoint.get("state_dict", {}), self.state_dict(), source)
         self.hybrid_weights = load_hybrid_weights(checkpoint)
+        self.locality_bias = load_bias(checkpoint, source)

@@ -53,4 +53,7 @@ def format_rankings(logged: dict[str, float], split: str, source: str, weight_ch
         why = ("chosen on this dataset's validation split" if weight_chosen
                else "no validation chose one for these premises, so hybrid is BM25")
         lines.append(f"hybrid weight of the dense side: {float(weight):.1f} ({why})")
+    bonus = logged.get(f"locality_bias_{split}")
+    if bonus is not None:
+        lines.append(f"own-file bonus of the dense ranking: {float(bonus):.2f} (leanagent/models/locality.py)")
     return "\n".join(lines)
