@@ -290,10 +290,12 @@ class Corpus:
         """All premise ids accessible at a position; for tests and tools, not the hot path."""
         return np.flatnonzero(self.accessible_pairs(file_id, pos_key, np.arange(len(self))))
 
-    def accessible_mask(self, file_ids: torch.Tensor, pos_keys: torch.Tensor) -> torch.Tensor:
-        """[B, num_premises] boolean mask of the premises each query may use, computed on the queries' device."""
+    def accessible_mask(self, file_ids: torch.Tensor, pos_keys: torch.Tensor, own_file: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, num_premises] boolean mask of the premises each query may use, computed on the queries' device;
+        `own_file`, the queries' `own_file_mask` where the caller has it already, is not computed again."""
         closure, premise_file, _ = self._on_device(file_ids.device)
-        return closure[file_ids][:, premise_file] | self.own_file_mask(file_ids, pos_keys)
+        own_file = self.own_file_mask(file_ids, pos_keys) if own_file is None else own_file
+        return closure[file_ids][:, premise_file] | own_file
 
     def own_file_mask(self, file_ids: torch.Tensor, pos_keys: torch.Tensor) -> torch.Tensor:
         """[B, num_premises] the premises of each query's own file above its position (a subset of `accessible_mask`)."""

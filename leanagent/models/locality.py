@@ -49,15 +49,13 @@ def combined_by_bias(
     ks = recall_ks(num_retrieved)
     masked = hide_inaccessible(scores.float(), accessible)
     own = own_file.float()
+    has_positive = (positives >= 0).any(dim=1)  # retrieval_metrics' has_positive, the same at every bias
     sums = []
-    counted = 0
     for bias in grid:
         retrieved, _ = padded_topk(masked + bias * own, num_retrieved)
         values = retrieval_metrics(retrieved, positives, ks)
-        has_positive = values[:, -1] > 0
-        counted = int(has_positive.sum())
         sums.append(combined_scores(values[has_positive, :-1].cpu().double()).sum())
-    return torch.stack(sums), counted
+    return torch.stack(sums), int(has_positive.sum())
 
 
 def best_bias(sums: torch.Tensor, grid: tuple[float, ...] = BIAS_GRID) -> float:
@@ -91,8 +89,8 @@ def choose_bias(module: Any, split: str = "val") -> tuple[float, int]:
             batch = {k: v.to(module.device) for k, v in batch.items()}
             with module.trainer.precision_plugin.forward_context():
                 queries = module(batch["query_ids"], batch["query_mask"])
-            accessible = data.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
             own_file = data.corpus.own_file_mask(batch["file_ids"], batch["pos_keys"])
+            accessible = data.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"], own_file)
             part, counted = combined_by_bias(
                 dense_scores(queries.float(), corpus), own_file, accessible, batch["positives"], module.num_retrieved
             )
@@ -132,12 +130,11 @@ def load_bias(checkpoint: dict[str, Any], source: str) -> float:
 
 
 def with_bonus(
-    cosines: torch.Tensor, rescore: Callable | None, corpus: Any, batch: dict[str, torch.Tensor], bonus: float,
+    cosines: torch.Tensor, rescore: Callable | None, own_file: torch.Tensor | None, bonus: float,
 ) -> tuple[torch.Tensor, Callable | None]:
     """A batch's dense scores (and the re-scoring of a bf16 search's head, if any) with `bonus` on the own file's premises."""
     if not bonus:
         return cosines, rescore
-    own_file = corpus.own_file_mask(batch["file_ids"], batch["pos_keys"])
     if rescore is not None:
         rescore = functools.partial(rescore_with_bias, rescore, own_file, bonus)
     return with_bias(cosines, own_file, bonus), rescore

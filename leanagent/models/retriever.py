@@ -286,7 +286,8 @@ class PremiseRetriever(pl.LightningModule):
     def _fuser(self, batch: dict[str, torch.Tensor], dense: bool = True, sparse: bool = True) -> Fuser:
         """The batch's accessible mask and its dense and/or BM25 scores over all premises."""
         data = self.data
-        accessible = data.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"])
+        own_file = data.corpus.own_file_mask(batch["file_ids"], batch["pos_keys"])  # part of accessible; the bonus's premises
+        accessible = data.corpus.accessible_mask(batch["file_ids"], batch["pos_keys"], own_file)
         cosines = sparse_scores = rescore = None
         if dense:
             queries = self(batch["query_ids"], batch["query_mask"])
@@ -294,7 +295,7 @@ class PremiseRetriever(pl.LightningModule):
             cosines = dense_scores(queries, corpus)
             if corpus.dtype != self.corpus_embeddings.dtype:
                 rescore = functools.partial(rescore_head, queries=queries, corpus=self.corpus_embeddings)
-            cosines, rescore = with_bonus(cosines, rescore, data.corpus, batch, self.own_file_bonus)
+            cosines, rescore = with_bonus(cosines, rescore, own_file, self.own_file_bonus)
         if sparse:
             texts = data.states(self._split).states
             sparse_scores = data.bm25_index.scores([texts[i] for i in batch["index"].tolist()]).to(accessible.device)
