@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from leanagent.errors import LeanAgentError
+
+log = logging.getLogger(__name__)
 
 
 def _publish(tmp: str, target: Path) -> None:
@@ -28,6 +31,32 @@ def temporary_names(prefix: str, suffix_pattern: str) -> re.Pattern[str]:
     """The names `tempfile.mkstemp`/`mkdtemp` give with this prefix (8 characters of [a-z0-9_] after it), for
     finding what a writer killed outright left behind; `suffix_pattern` is a regular expression."""
     return re.compile(re.escape(prefix) + r"[a-z0-9_]{8}" + suffix_pattern)
+
+
+@contextmanager
+def folder_lock(folder: Path, what: str, busy: str | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `folder` (flock, where locks exist) while the block runs; the kernel drops it
+    when the process ends, however it ends, so no stale lock outlives a kill.
+
+    With `busy`, a folder another process holds is refused at once with that message; without, this waits
+    its turn. A file system that cannot lock (NFS without flock) gets a warning: writers are not kept apart.
+    """
+    try:
+        import fcntl
+        fd = os.open(folder, os.O_RDONLY)
+    except (ImportError, OSError):  # no such folder, or no flock: nothing to take turns on
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if busy else 0))
+        except BlockingIOError:
+            raise LeanAgentError(busy) from None
+        except OSError as e:  # NFS emulates flock with write locks, which a folder opened to read cannot take
+            log.warning("%s: cannot lock %s (%s): writers beside this one are not kept apart", what, folder, e.strerror or e)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def require_file(path: str | os.PathLike, what: str) -> Path:

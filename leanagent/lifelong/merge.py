@@ -43,8 +43,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,7 @@ from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.corpus.provenance import write_manifest
 from leanagent.corpus.tactics import read_theorems
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_open, iter_jsonl, temporary_names, write_json
+from leanagent.io import atomic_open, folder_lock, iter_jsonl, temporary_names, write_json
 
 log = logging.getLogger("leanagent")
 
@@ -238,25 +237,6 @@ def _check_replaceable(out_dir: Path) -> None:
         raise LeanAgentError(f"output folder {out_dir} holds the current folder: write the merge elsewhere")
 
 
-@contextmanager
-def _one_merge_at_a_time(folder: Path) -> Iterator[None]:
-    """An exclusive lock on the folder the merge is written in (where locks exist: not on Windows)."""
-    try:
-        import fcntl
-        fd = os.open(folder, os.O_RDONLY)
-    except (ImportError, OSError):  # no such folder yet, or no flock: nothing beside it to take turns with
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as e:  # NFS emulates flock with write locks, which a folder opened to read cannot take
-            log.warning("merge: cannot lock %s (%s): merges writing beside this one are not kept apart", folder, e.strerror or e)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
 def _clear_leftovers(out_dir: Path) -> None:
     """Remove the temporary folders of merges into `out_dir` that were killed; a previous merge that a kill
     caught between moving it aside and moving the new one in goes back to `out_dir`. Call under the lock."""
@@ -304,7 +284,7 @@ def merge_datasets(
             raise LeanAgentError(f"output folder {out_dir} is also a source: write the merge elsewhere")
         if out_dir.resolve() in src.resolve().parents:
             raise LeanAgentError(f"output folder {out_dir} contains the source {src}: write the merge elsewhere")
-    with _one_merge_at_a_time(out_dir.parent):
+    with folder_lock(out_dir.parent, "merge"):  # one merge at a time beside out_dir
         _clear_leftovers(out_dir)
         return _merge(sources, out_dir, splits, overwrite)
 

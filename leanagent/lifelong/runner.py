@@ -27,7 +27,7 @@ from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.ewc.penalty import combine_fisher
 from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
-from leanagent.io import atomic_write, ensure_writable, missing_folders, read_json, remove_empty_folders, write_json
+from leanagent.io import atomic_write, ensure_writable, folder_lock, missing_folders, read_json, remove_empty_folders, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.merge import merge_datasets
@@ -206,6 +206,15 @@ class LifelongRun:
     def _run_all(self) -> dict:
         created = missing_folders(self.out)
         ensure_writable(self.out, "output_dir")
+        self.out.mkdir(parents=True, exist_ok=True)
+        # One run per output_dir: a second command on the same folder (run twice, a requeued job whose first
+        # attempt still runs) would take the same stages and overwrite the first's files as they are written.
+        busy = (f"output_dir {self.out} is in use by another lifelong run: wait for it to end (the same command "
+                "then continues it), or choose another output_dir")
+        with folder_lock(self.out, "lifelong", busy):
+            return self._run_locked(created)
+
+    def _run_locked(self, created: list[Path]) -> dict:
         try:
             order, repos, state = self._prepare()
         except LeanAgentError:  # refused before any stage ran (bundled splits may have been written): a new run leaves nothing
