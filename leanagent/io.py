@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from leanagent.errors import LeanAgentError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("leanagent")
 
 
 def _publish(tmp: str, target: Path) -> None:
