@@ -241,8 +241,7 @@ class LifelongRun:
         s = self.settings
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out, s.split).items()}
         splits = check_splits(repos, s.split, train_alone=s.construction == "single_repo")
-        order = repository_order(s, repos, splits)  # before output_dir is made
-        self.out.mkdir(parents=True, exist_ok=True)
+        order = repository_order(s, repos, splits)
         state = self._load_state(order)
         if state["stages"]:
             recorded_start_unchanged(state.get("start_weights"), self.out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -29,7 +30,7 @@ def test_a_folder_another_process_runs_in_is_refused_and_free_again_once_it_is_k
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(LeanAgentError, match=rf"output_dir {out} is in use by another lifelong run"):
+        with pytest.raises(LeanAgentError, match=f"output_dir {re.escape(str(out))} is in use by another lifelong run"):
             run(out, tmp_path / "data")
         assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]  # nothing written, nothing removed
     finally:
