@@ -30,6 +30,7 @@ from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
 from leanagent.io import atomic_write, ensure_writable, folder_lock, missing_folders, read_json, remove_empty_folders, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
+from leanagent.lifelong.interpolation import interpolate_checkpoint
 from leanagent.lifelong.merge import merge_datasets
 from leanagent.lifelong.report import check_state_shape, write_report
 from leanagent.lifelong.repositories import check_splits, resolve_repositories
@@ -308,7 +309,8 @@ class LifelongRun:
             elif (stage_dir / "fit").exists():
                 shutil.rmtree(stage_dir / "fit")  # started but saved nothing: start the fit again
             _run(fit + ([f"--ckpt_path={start}"] if start else []), stage_dir / "fit", f"stage {index} fit on {name}")
-        checkpoint = self._handover_checkpoint(index, stage_dir)
+        began_from = previous["checkpoint"] if previous is not None else (state.get("start_weights") or {}).get("path")
+        checkpoint = self._handover_checkpoint(index, stage_dir, began_from)
 
         fisher = None
         if s.ewc.enabled and index < len(order) - 1:
@@ -337,31 +339,38 @@ class LifelongRun:
         except LeanAgentError:
             return "none"
 
-    def _handover_checkpoint(self, index: int, stage_dir: Path) -> Path:
+    def _handover_checkpoint(self, index: int, stage_dir: Path, began_from: str | None) -> Path:
         """The checkpoint the next stage starts from, its Fisher is computed on and this stage is evaluated with.
 
         `best` (LeanAgent) is the best-by-Recall@10_val file of the stage's fit; it may come from before the
         fit's last epoch, so a copy marked as the end of a fit is handed over, and the next stage trains
-        `epochs_per_repo` epochs from it rather than finishing this stage's plan.
+        `epochs_per_repo` epochs from it rather than finishing this stage's plan. With fine_tuned_share
+        below 1 the copy's weights are pulled back toward `began_from`, the weights the stage started from.
         """
+        s = self.settings
         last = self._last_checkpoint(stage_dir)
         if not last.is_file():
             raise LeanAgentError(f"stage {index}: fit wrote no {last}")
-        if self.settings.resume_from == "last":
+        source, handover = last, stage_dir / "handover.ckpt"
+        if s.resume_from == "best":
+            callbacks = load_checkpoint(last, f"stage {index} last checkpoint").get("callbacks", {})
+            named = [Path(c["best_model_path"]) for c in callbacks.values() if isinstance(c, dict) and c.get("best_model_path")]
+            best = [p if p.is_absolute() else stage_dir / "fit" / p for p in named]
+            if best and best[0].is_file():
+                source, handover = best[0], stage_dir / "best.ckpt"
+            else:
+                log.info("stage %d recorded no best checkpoint (no validation?): handing over its last", index)
+        interpolate = s.fine_tuned_share < 1.0 and began_from is not None
+        if source == last and not interpolate:
             log.info("stage %d hands over its last checkpoint %s", index, last)
             return last
-        callbacks = load_checkpoint(last, f"stage {index} last checkpoint").get("callbacks", {})
-        named = [Path(s["best_model_path"]) for s in callbacks.values() if isinstance(s, dict) and s.get("best_model_path")]
-        best = [p if p.is_absolute() else stage_dir / "fit" / p for p in named]
-        if not best or not best[0].is_file():
-            log.info("stage %d recorded no best checkpoint (no validation?): handing over %s", index, last)
-            return last
-        handover = stage_dir / "best.ckpt"
-        checkpoint = load_checkpoint(best[0], f"stage {index} best checkpoint")
-        state = fit_state(checkpoint)
-        checkpoint[FIT_STATE_KEY] = replace(state, finished=True).as_dict()
+        checkpoint = load_checkpoint(source, f"stage {index} checkpoint")
+        checkpoint[FIT_STATE_KEY] = replace(fit_state(checkpoint), finished=True).as_dict()
+        if interpolate:
+            interpolate_checkpoint(checkpoint, began_from, s.fine_tuned_share, f"stage {index} checkpoint {source}")
         atomic_write(handover, lambda tmp: torch.save(checkpoint, tmp))
-        log.info("stage %d hands over its best checkpoint %s (as %s)", index, best[0].name, handover)
+        kept = f", {s.fine_tuned_share:g} of the way from {began_from}" if interpolate else ""
+        log.info("stage %d hands over %s (as %s%s)", index, source.name, handover.name, kept)
         return handover
 
     def _fisher(self, index: int, name: str, data: Path, checkpoint: Path, stage_dir: Path, previous: dict | None) -> Path:

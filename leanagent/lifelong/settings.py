@@ -36,6 +36,9 @@ class LifelongSettings:
     ewc: EWCSettings = field(default_factory=EWCSettings)
     epochs_per_repo: int = 1
     resume_from: Literal["best", "last"] = "best"
+    # What a stage hands over: fine_tuned_share * its fine-tuned weights + (1 - share) * the weights it started
+    # from (WiSE-FT; interpolation.py). 1.0 hands over the fine-tuned weights, as LeanAgent does.
+    fine_tuned_share: float = 1.0
     split: str = "random"
     # One config, or several composed in order (a base and overlays, as repeated --config composes them).
     retrieval_config: str | list[str] = "configs/retrieval.yaml"
@@ -51,6 +54,8 @@ def settings_fingerprint(settings: LifelongSettings) -> str:
     """What makes two runs the same run: the settings and the content of the stage configs they name
     (editing configs/retrieval.yaml in place makes another run); output_dir is where, not what."""
     described = {k: v for k, v in asdict(settings).items() if k != "output_dir"}
+    if described["fine_tuned_share"] == 1.0:  # as before the setting existed: runs begun then still resume
+        del described["fine_tuned_share"]
     for key in ("retrieval_config", "fisher_config"):
         described[f"{key}_sha256"] = [
             hashlib.sha256(Path(p).read_bytes()).hexdigest() if Path(p).is_file() else None for p in config_list(described[key])
@@ -70,6 +75,9 @@ def check_settings(s: LifelongSettings) -> None:
         value = getattr(s, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise LeanAgentError(f"{key} must be a positive integer, got {value!r}")
+    share = s.fine_tuned_share
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+        raise LeanAgentError(f"fine_tuned_share must be a number in (0, 1], got {share!r}")
     if s.eval_precision not in PRECISIONS:
         raise LeanAgentError(f"eval_precision must be one of {', '.join(p for p in PRECISIONS if isinstance(p, str))}; got {s.eval_precision!r}")
     for key in ("ewc_lambda", "gamma"):

@@ -167,7 +167,7 @@ def test_a_stage_finds_its_checkpoints_where_the_retrieval_config_writes_them(tm
     best = _fit_checkpoint(folder / "epoch=0.ckpt", finished=False)
     _fit_checkpoint(folder / "last.ckpt", finished=True, best=best)
     assert run._fit_progress(stage) == "finished"
-    assert run._handover_checkpoint(0, stage) == stage / "best.ckpt"
+    assert run._handover_checkpoint(0, stage, None) == stage / "best.ckpt"
 
 
 def test_a_retrieval_config_without_a_checkpoint_folder_is_refused(tmp_path):
