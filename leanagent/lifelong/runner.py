@@ -17,20 +17,18 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
-import torch
-
 from leanagent.callbacks.checkpoints import default_dirpath
-from leanagent.checkpoint_files import FIT_STATE_KEY, fit_state, load_checkpoint
+from leanagent.checkpoint_files import fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.ewc.penalty import combine_fisher
 from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
-from leanagent.io import atomic_write, ensure_writable, folder_lock, missing_folders, read_json, remove_empty_folders, write_json
+from leanagent.io import ensure_writable, folder_lock, missing_folders, read_json, remove_empty_folders, write_json
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
-from leanagent.lifelong.interpolation import interpolate_checkpoint
+from leanagent.lifelong.handover import handover_checkpoint
 from leanagent.lifelong.merge import merge_datasets
 from leanagent.lifelong.report import check_state_shape, write_report
 from leanagent.lifelong.repositories import check_splits, resolve_repositories
@@ -340,38 +338,9 @@ class LifelongRun:
             return "none"
 
     def _handover_checkpoint(self, index: int, stage_dir: Path, began_from: str | None) -> Path:
-        """The checkpoint the next stage starts from, its Fisher is computed on and this stage is evaluated with.
-
-        `best` (LeanAgent) is the best-by-Recall@10_val file of the stage's fit; it may come from before the
-        fit's last epoch, so a copy marked as the end of a fit is handed over, and the next stage trains
-        `epochs_per_repo` epochs from it rather than finishing this stage's plan. With fine_tuned_share
-        below 1 the copy's weights are pulled back toward `began_from`, the weights the stage started from.
-        """
         s = self.settings
-        last = self._last_checkpoint(stage_dir)
-        if not last.is_file():
-            raise LeanAgentError(f"stage {index}: fit wrote no {last}")
-        source, handover = last, stage_dir / "handover.ckpt"
-        if s.resume_from == "best":
-            callbacks = load_checkpoint(last, f"stage {index} last checkpoint").get("callbacks", {})
-            named = [Path(c["best_model_path"]) for c in callbacks.values() if isinstance(c, dict) and c.get("best_model_path")]
-            best = [p if p.is_absolute() else stage_dir / "fit" / p for p in named]
-            if best and best[0].is_file():
-                source, handover = best[0], stage_dir / "best.ckpt"
-            else:
-                log.info("stage %d recorded no best checkpoint (no validation?): handing over its last", index)
-        interpolate = s.fine_tuned_share < 1.0 and began_from is not None
-        if source == last and not interpolate:
-            log.info("stage %d hands over its last checkpoint %s", index, last)
-            return last
-        checkpoint = load_checkpoint(source, f"stage {index} checkpoint")
-        checkpoint[FIT_STATE_KEY] = replace(fit_state(checkpoint), finished=True).as_dict()
-        if interpolate:
-            interpolate_checkpoint(checkpoint, began_from, s.fine_tuned_share, f"stage {index} checkpoint {source}")
-        atomic_write(handover, lambda tmp: torch.save(checkpoint, tmp))
-        kept = f", {s.fine_tuned_share:g} of the way from {began_from}" if interpolate else ""
-        log.info("stage %d hands over %s (as %s%s)", index, source.name, handover.name, kept)
-        return handover
+        return handover_checkpoint(index, stage_dir / "fit", self._last_checkpoint(stage_dir), stage_dir,
+                                   s.resume_from, s.fine_tuned_share, began_from)
 
     def _fisher(self, index: int, name: str, data: Path, checkpoint: Path, stage_dir: Path, previous: dict | None) -> Path:
         s = self.settings

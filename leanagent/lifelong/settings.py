@@ -37,7 +37,7 @@ class LifelongSettings:
     epochs_per_repo: int = 1
     resume_from: Literal["best", "last"] = "best"
     # What a stage hands over: fine_tuned_share * its fine-tuned weights + (1 - share) * the weights it started
-    # from (WiSE-FT; interpolation.py). 1.0 hands over the fine-tuned weights, as LeanAgent does.
+    # from (WiSE-FT; handover.py). 1.0 hands over the fine-tuned weights, as LeanAgent does.
     fine_tuned_share: float = 1.0
     split: str = "random"
     # One config, or several composed in order (a base and overlays, as repeated --config composes them).
