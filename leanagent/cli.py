@@ -31,6 +31,7 @@ from leanagent.distributed import (
 )
 from leanagent.cli_config import (
     check_device_count,
+    check_fit_only_model,
     check_model_nulls,
     check_outputs_writable,
     check_seed,
@@ -112,6 +113,7 @@ class LeanAgentCLI(LightningCLI):
         if name not in COMMANDS:
             config = self.config[name] if name else self.config
             check_seed(config)
+            check_fit_only_model(config, name)
             check_model_nulls(config)
             resolve_data_seed(config)
         if name in COMMANDS:  # not a Trainer method: nothing of Lightning's to instantiate
@@ -175,6 +177,8 @@ class LeanAgentCLI(LightningCLI):
             check_miner(config.model.get("class_path") if isinstance(config.model, Namespace) else None, config.get("data"))
             explicit = config.trainer.max_epochs
             progressive = config.get("progressive") or Namespace(epochs_per_repo=1)
+            if not isinstance(progressive.epochs_per_repo, int) or progressive.epochs_per_repo < 1:  # before the plan uses it
+                raise LeanAgentError(f"progressive.epochs_per_repo must be at least 1, got {progressive.epochs_per_repo}")
             config.trainer.max_epochs = plan_max_epochs(
                 getattr(self, "_checkpoint", None), explicit, int(progressive.epochs_per_repo), config.trainer.max_steps
             )

@@ -129,6 +129,16 @@ def _started_for_nodes() -> bool:
     return external_launcher() or any(os.environ.get(name) for name in ("NODE_RANK", "MASTER_ADDR", "GROUP_RANK"))
 
 
+def check_fit_only_model(config: Namespace, subcommand: str | None) -> None:
+    """The Fisher module has only a fit (one pass that writes the Fisher file): validate, test and predict would
+    fail inside Lightning with "requires forward method" or "no test_step"."""
+    model = config.get("model")
+    class_path = model.get("class_path") if isinstance(model, Namespace) else None
+    if subcommand in ("validate", "test", "predict") and isinstance(class_path, str) and class_path.endswith(".FisherInformation"):
+        raise LeanAgentError(f"{subcommand}: {class_path} only computes the Fisher information, with `fit`; "
+                             f"{subcommand} a retriever with --config configs/retrieval.yaml")
+
+
 def check_seed(config: Namespace) -> None:
     seed = config.get("seed_everything")
     if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
@@ -151,21 +161,32 @@ def _accepts_none(hint: Any) -> bool:
 
 
 def check_model_nulls(config: Namespace) -> None:
-    """`null` for a model setting that takes no null (`--model.init_args.lr=null`): jsonargparse lets it through
-    to the model class, which then fails with a TypeError inside jsonargparse's instantiation; one line instead.
-    A setting whose default is None takes it, whatever its annotation says."""
+    """`null` for a model or data setting that takes no null (`--model.init_args.lr=null`, `batch_size: null` in a
+    config file): jsonargparse lets it through to the class, which then fails with a TypeError inside
+    jsonargparse's instantiation or later; one line instead. A setting whose default is None takes it, whatever
+    its annotation says."""
     model = config.get("model")
     class_path = model.get("class_path") if isinstance(model, Namespace) else None
     init_args = model.get("init_args") if isinstance(model, Namespace) else None
-    if not isinstance(class_path, str) or not isinstance(init_args, Namespace):
-        return
-    module, _, name = class_path.rpartition(".")
+    if isinstance(class_path, str) and isinstance(init_args, Namespace):
+        module, _, name = class_path.rpartition(".")
+        try:
+            _check_nulls(getattr(importlib.import_module(module), name), init_args, "model")
+        except (ImportError, AttributeError, ValueError):  # a class jsonargparse itself will refuse, naming it
+            pass
+    data = config.get("data")
+    if isinstance(data, Namespace) and "class_path" not in data:  # the CLI's own datamodule, its settings in place
+        from leanagent.data.datamodule import RetrievalDataModule
+
+        _check_nulls(RetrievalDataModule, data, "data")
+
+
+def _check_nulls(cls: type, values: Namespace, prefix: str) -> None:
     try:
-        init = getattr(importlib.import_module(module), name).__init__
-        hints, parameters = typing.get_type_hints(init), inspect.signature(init).parameters
-    except Exception:  # a class jsonargparse itself will refuse, naming it
+        hints, parameters = typing.get_type_hints(cls.__init__), inspect.signature(cls.__init__).parameters
+    except Exception:  # an annotation that does not resolve: jsonargparse has its own say
         return
-    for key, value in vars(init_args).items():
+    for key, value in vars(values).items():
         if value is not None or key not in hints or _accepts_none(hints[key]):
             continue
         if key in parameters and parameters[key].default is None:
@@ -173,7 +194,7 @@ def check_model_nulls(config: Namespace) -> None:
         hint = hints[key]
         kind = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
         article = "an" if kind[:1] in "aeiou" else "a"
-        raise LeanAgentError(f"model.{key} is null, but it must be {article} {kind}: give a value or leave the setting out")
+        raise LeanAgentError(f"{prefix}.{key} is null, but it must be {article} {kind}: give a value or leave the setting out")
 
 
 def model_init_args(config: Namespace) -> Namespace:

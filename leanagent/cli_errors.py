@@ -40,11 +40,36 @@ def check_config_files(argv: list[str]) -> None:
             continue
         except UnicodeDecodeError as e:
             raise LeanAgentError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        check_sections(text, path)
         twice = duplicate_key(text)
         if twice:
             key, line, first = twice
             raise LeanAgentError(f"--config {path}:{line}: '{key}' is given twice in one mapping (first on line {first}); "
                                  "YAML would keep the last and drop the other without a word: keep one")
+
+
+# Top-level sections that hold settings by name. jsonargparse takes `trainer: null` or `trainer: [1]` and
+# silently falls back to defaults (a fit without the config's callbacks, a lifelong run with other repositories),
+# or fails deep inside instantiation; `model`, `optimizer` and `lr_scheduler` also take a class name.
+SECTIONS = ("trainer", "data", "progressive", "watchdog", "preemption", "repositories", "ewc")
+
+
+def check_sections(text: str, path: str) -> None:
+    """Each of SECTIONS that a config file gives must be a mapping of settings."""
+    import yaml
+
+    try:
+        root = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return  # the parser says why, with the line
+    if not isinstance(root, dict):
+        return
+    for key in SECTIONS:
+        if key in root and not isinstance(root[key], dict):
+            value = root[key]
+            kind = "null" if value is None else "a list" if isinstance(value, list) else f"{type(value).__name__} {value!r}"
+            raise LeanAgentError(f"--config {path}: '{key}' must be a mapping of settings ({key}: {{...}} or an indented "
+                                 f"block), got {kind}; leave it out for the defaults")
 
 
 def duplicate_key(text: str) -> tuple[str, int, int] | None:

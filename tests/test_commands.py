@@ -76,8 +76,8 @@ def test_a_replaced_config_says_what_replaced_it(old, capsys, tmp_path, monkeypa
     assert "replaced" in err and "configs/recipes/" in err
 
 
-def test_commands_run_through_the_app(capsys):
-    code, out, _ = run_main(["curriculum", *config_args(["lifelong.yaml"])], capsys)
+def test_commands_run_through_the_app(capsys, tmp_path):
+    code, out, _ = run_main(["curriculum", *config_args(["lifelong.yaml"]), f"--output_dir={tmp_path / 'out'}"], capsys)
     assert code == 0 and "repository" in out and "data-list" in out
 
 

@@ -148,6 +148,13 @@ def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None =
         root = Path(spec.data_root)
         if not root.is_dir():
             raise LeanAgentError(f"repositories.data_root: {root} is not a folder")
+        if spec.names and len(set(spec.names)) < len(spec.names):
+            twice = sorted({n for n in spec.names if spec.names.count(n) > 1})
+            raise LeanAgentError(f"repositories.names: {', '.join(twice)} given more than once; a repository is one stage")
+        if not spec.names:  # a folder with a split but no corpus is a dataset with a file missing, not something else
+            for folder in sorted(p for p in root.iterdir() if p.is_dir() and not (p / "corpus.jsonl").is_file()):
+                if _split_folders(folder):
+                    raise LeanAgentError(f"repositories.data_root: {folder} has split folders but no corpus.jsonl")
         names = spec.names or sorted(p.name for p in root.iterdir() if (p / "corpus.jsonl").is_file())
         repos = {name: root / name for name in names}
         for name, path in repos.items():

@@ -216,7 +216,7 @@ class LifelongRun:
     def _run_locked(self, created: list[Path]) -> dict:
         try:
             order, repos, state = self._prepare()
-        except LeanAgentError:  # refused before any stage ran (bundled splits may have been written): a new run leaves nothing
+        except BaseException:  # stopped before any stage ran (bundled splits may have been written): a new run leaves nothing
             self._remove(created)
             raise
         try:

@@ -70,7 +70,16 @@ def config_list(configs: str | os.PathLike | list[str]) -> list[str]:
 
 def check_settings(s: LifelongSettings) -> None:
     """What the runner uses only after stages have trained (the report's window, the evaluations, the EWC
-    stages' Fisher command) is checked before the first one."""
+    stages' Fisher command) is checked before the first one, and so is what a config file can set to null."""
+    for key in ("output_dir", "split"):
+        value = getattr(s, key)
+        if not isinstance(value, str) or not value.strip():
+            raise LeanAgentError(f"{key} must be a non-empty path or name, got {value!r}")
+    if isinstance(s.seed, bool) or not isinstance(s.seed, int) or not 0 <= s.seed <= 2**32 - 1:
+        raise LeanAgentError(f"seed must be an integer in [0, 2**32 - 1] (each stage's seed_everything), got {s.seed!r}")
+    minimum = s.repositories.min_theorems
+    if isinstance(minimum, bool) or not isinstance(minimum, int) or minimum < 1:
+        raise LeanAgentError(f"repositories.min_theorems must be a positive integer, got {minimum!r}")
     for key in ("metric_window", "eval_batch_size", "epochs_per_repo"):
         value = getattr(s, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

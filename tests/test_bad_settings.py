@@ -1,0 +1,86 @@
+"""Settings a config file or the command line gets wrong in shape (a section that is not a mapping, a null, a
+number out of range), and data folders missing a file: one `error:` line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BUNDLED, REPO, config_args
+from tests.test_bad_inputs import FISHER, ONE_CPU, RETRIEVAL, one_error
+
+LIFELONG = config_args(["lifelong.yaml"])
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _overlay(folder: Path, text: str) -> str:
+    path = folder / "overlay.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, command, shown", [
+    ("trainer: [1]\n", "fit", "'trainer' must be a mapping of settings"),  # jsonargparse ran Lightning's defaults
+    ("trainer: null\n", "fit", "got null"),
+    ("progressive: null\n", "fit", "'progressive' must be a mapping"),
+    ("watchdog: [1]\n", "fit", "'watchdog' must be a mapping"),
+    ("data: 5\n", "fit", "got int 5"),
+    ("repositories: [1]\n", "lifelong", "'repositories' must be a mapping"),  # ran 6 stages on the defaults
+    ("ewc: null\n", "curriculum", "'ewc' must be a mapping"),
+])
+def test_a_section_that_is_not_a_mapping_is_refused(capsys, in_tmp, text, command, shown):
+    base = ["--config", RETRIEVAL, *ONE_CPU, "--trainer.fast_dev_run=true"] if command == "fit" else LIFELONG
+    overlay = _overlay(in_tmp, text)
+    one_error(capsys, [command, *base, "--config", overlay], f"--config {overlay}", shown)
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["overlay.yaml"]
+
+
+@pytest.mark.parametrize("key, kind", [("batch_size", "an int"), ("num_negatives", "an int"), ("data_path", "a str")])
+def test_a_null_data_setting_is_refused_before_the_datamodule(capsys, in_tmp, key, kind):
+    overlay = _overlay(in_tmp, f"data:\n  {key}: null\n")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", overlay, *ONE_CPU, "--trainer.fast_dev_run=true"],
+              f"data.{key} is null, but it must be {kind}")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["overlay.yaml"]
+
+
+@pytest.mark.parametrize("epochs", ["0", "-1"])
+def test_epochs_per_repo_below_one_names_itself(capsys, in_tmp, epochs):
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, f"--progressive.epochs_per_repo={epochs}"],
+              f"progressive.epochs_per_repo must be at least 1, got {epochs}")
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_the_fisher_module_runs_only_under_fit(capsys, in_tmp, command):
+    one_error(capsys, [command, "--config", FISHER, *ONE_CPU, "--model.init_args.ckpt_path=missing.ckpt"],
+              f"{command}: leanagent.models.fisher.FisherInformation only computes the Fisher", "configs/retrieval.yaml")
+    assert list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("split: null\n", "split must be a non-empty path or name, got None"),  # bundled splits were left behind
+    ("output_dir: null\n", "output_dir must be a non-empty path or name, got None"),
+    ("seed: -1\n", "seed must be an integer in [0, 2**32 - 1]"),  # refused by stage 0, after the splits
+    ("repositories:\n  min_theorems: 0\n", "repositories.min_theorems must be a positive integer, got 0"),
+])
+def test_lifelong_settings_are_checked_before_anything_is_written(capsys, in_tmp, text, shown):
+    overlay = _overlay(in_tmp, text)
+    one_error(capsys, ["lifelong", *LIFELONG, "--config", overlay, f"--repositories.bundled={BUNDLED}"], shown)
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["overlay.yaml"]
+
+
+def test_a_data_root_folder_with_splits_but_no_corpus_is_named(capsys, in_tmp):
+    for name in ("A", "B"):
+        shutil.copytree(BUNDLED, in_tmp / "root" / name)
+    (in_tmp / "root" / "B" / "corpus.jsonl").unlink()  # was silently left out: a curriculum of one
+    one_error(capsys, ["curriculum", *LIFELONG, f"--repositories.data_root={in_tmp / 'root'}", "--repositories.bundled=null"],
+              f"{in_tmp / 'root' / 'B'} has split folders but no corpus.jsonl")
+    one_error(capsys, ["curriculum", *LIFELONG, f"--repositories.data_root={in_tmp / 'root'}", "--repositories.bundled=null",
+                       "--repositories.names=[A,A]"], "repositories.names: A given more than once")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["root"]
