@@ -84,3 +84,11 @@ def test_a_data_root_folder_with_splits_but_no_corpus_is_named(capsys, in_tmp):
     one_error(capsys, ["curriculum", *LIFELONG, f"--repositories.data_root={in_tmp / 'root'}", "--repositories.bundled=null",
                        "--repositories.names=[A,A]"], "repositories.names: A given more than once")
     assert sorted(p.name for p in in_tmp.iterdir()) == ["root"]
+
+
+def test_a_weights_file_given_as_the_fisher_is_named_for_what_it_is(capsys, in_tmp):
+    weights = REPO / "leanagent" / "pretrained" / "leanagent-base.safetensors"  # was "Fisher ... holds negative values"
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, "--trainer.fast_dev_run=true",
+                       "--model.init_args.ewc_lambda=0.1", f"--model.init_args.fisher_path={weights}"],
+              f"{weights}: not a Fisher file (header format 'leanagent-retriever-encoder'")
+    assert list(in_tmp.iterdir()) == []

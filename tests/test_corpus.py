@@ -64,6 +64,7 @@ def test_locate_by_name_then_by_position(tmp_path):
         ([{"path": "A.lean", "premises": []}], ":1: missing field 'imports'"),
         ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "theorem x : True", "start": [1, 1]}]}], "premises[0]: missing field 'end'"),
         ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "theorem x : True", "start": [1], "end": [2, 1]}]}], "premises[0].start: expected a position"),
+        ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "theorem x : True", "start": [23, 19], "end": [20, 1]}]}], "premises[0].end: [20, 1] is before its start [23, 19]"),
         ([], "the corpus is empty"),
         ([{"path": "A.lean", "imports": [], "premises": []}], "no file of the corpus has a premise"),
         ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "theorem x : True", "start": [2**40, 1], "end": [2**40, 9]}]}], "premises[0].start: line 1099511627776 is out of range"),

@@ -97,12 +97,12 @@ def skipped_premise(premise: object) -> str | None:
 def premise_fields(premise: object, where: str) -> tuple[str, str, int, int]:
     """(full_name, code, start key, end key) of a corpus premise that is not skipped, or one error naming the field:
     the corpus reader's rule, which `merge` applies to its sources too."""
-    return (
-        _field(premise, "full_name", str, where),
-        _field(premise, "code", str, where),
-        position_key(_field(premise, "start", list, where), f"{where}.start"),
-        position_key(_field(premise, "end", list, where), f"{where}.end"),
-    )
+    name, code = _field(premise, "full_name", str, where), _field(premise, "code", str, where)
+    start = position_key(_field(premise, "start", list, where), f"{where}.start")
+    end = position_key(_field(premise, "end", list, where), f"{where}.end")
+    if end < start:  # which premises a theorem can use is decided by these positions
+        raise LeanAgentError(f"{where}.end: {premise['end']} is before its start {premise['start']}")
+    return name, code, start, end
 
 
 class Corpus:

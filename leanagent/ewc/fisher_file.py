@@ -55,6 +55,10 @@ def read_fisher_metadata(path: str | os.PathLike) -> dict[str, str]:
             metadata = dict(f.metadata() or {})
     except Exception as e:  # safetensors raises several types for a damaged file
         raise LeanAgentError(f"{p}: not a readable safetensors Fisher file ({e})") from None
+    found = metadata.get("format")
+    if found is not None and not str(found).startswith("leanagent-fisher"):  # files of other kinds say what they are
+        raise LeanAgentError(f"{p}: not a Fisher file (header format {found!r}, expected 'leanagent-fisher-v1'); "
+                             "a Fisher file is what `fit --config configs/fisher.yaml` writes")
     try:
         names = json.loads(metadata.get("parameter_names", "[]"))
     except json.JSONDecodeError:
