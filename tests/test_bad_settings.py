@@ -92,3 +92,11 @@ def test_a_weights_file_given_as_the_fisher_is_named_for_what_it_is(capsys, in_t
                        "--model.init_args.ewc_lambda=0.1", f"--model.init_args.fisher_path={weights}"],
               f"{weights}: not a Fisher file (header format 'leanagent-retriever-encoder'")
     assert list(in_tmp.iterdir()) == []
+
+
+def test_merge_names_a_source_given_twice_or_a_file(capsys, in_tmp):
+    one_error(capsys, ["merge", "--out", "merged", str(BUNDLED), f"{BUNDLED}/../batteries"],
+              f"source {BUNDLED}/../batteries is given twice (also as {BUNDLED})")
+    (in_tmp / "notes.txt").write_text("x\n")
+    one_error(capsys, ["merge", "--out", "merged", "notes.txt"], "source notes.txt is a file, not a dataset folder")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["notes.txt"]

@@ -277,9 +277,15 @@ def merge_datasets(
             path.resolve(strict=False)
         except (RuntimeError, OSError) as e:  # a symlink loop, a path too long
             raise LeanAgentError(f"{path}: cannot resolve the path ({e})") from None
+    seen: dict[Path, Path] = {}
     for src in sources:
+        if src.is_file():
+            raise LeanAgentError(f"source {src} is a file, not a dataset folder (corpus.jsonl and split folders)")
         if not src.is_dir():
             raise LeanAgentError(f"source dataset folder not found: {src}")
+        if src.resolve() in seen:  # the union would equal the one folder: a slip for another dataset
+            raise LeanAgentError(f"source {src} is given twice (also as {seen[src.resolve()]}): give each dataset once")
+        seen[src.resolve()] = src
         if src.resolve() == out_dir.resolve():
             raise LeanAgentError(f"output folder {out_dir} is also a source: write the merge elsewhere")
         if out_dir.resolve() in src.resolve().parents:

@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,9 @@ def test_merge_counts_and_contents(sources, tmp_path):
 def test_a_file_the_sources_list_differently_is_named_in_one_warning(sources, tmp_path, caplog):
     a, b, c = sources
     with caplog.at_level("WARNING", logger="leanagent"):
-        merge_datasets([a, a], tmp_path / "same", split="random")  # every file shared, alike
+        twin = tmp_path / "twin"
+        shutil.copytree(a, twin)
+        merge_datasets([a, twin], tmp_path / "same", split="random")  # every file shared, alike
     assert "listed differently" not in caplog.text
     with caplog.at_level("WARNING", logger="leanagent"):
         merge_datasets(sources, tmp_path / "merged", split="random")
