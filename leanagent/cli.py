@@ -16,7 +16,7 @@ from pytorch_lightning.utilities.exceptions import MisconfigurationException
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
-from leanagent.callbacks.progressive import ProgressiveTraining, first_epoch, plan_max_epochs
+from leanagent.callbacks.progressive import ProgressiveTraining, check_epochs_per_repo, first_epoch, plan_max_epochs
 from leanagent.checkpoint_files import check_resumable, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.distributed import (
@@ -177,8 +177,7 @@ class LeanAgentCLI(LightningCLI):
             check_miner(config.model.get("class_path") if isinstance(config.model, Namespace) else None, config.get("data"))
             explicit = config.trainer.max_epochs
             progressive = config.get("progressive") or Namespace(epochs_per_repo=1)
-            if not isinstance(progressive.epochs_per_repo, int) or progressive.epochs_per_repo < 1:  # before the plan uses it
-                raise LeanAgentError(f"progressive.epochs_per_repo must be at least 1, got {progressive.epochs_per_repo}")
+            check_epochs_per_repo(progressive.epochs_per_repo)  # before the plan uses it
             config.trainer.max_epochs = plan_max_epochs(
                 getattr(self, "_checkpoint", None), explicit, int(progressive.epochs_per_repo), config.trainer.max_steps
             )

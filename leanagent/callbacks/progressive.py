@@ -73,12 +73,17 @@ def plan_max_epochs(
     return explicit_max_epochs
 
 
+def check_epochs_per_repo(value: object) -> None:
+    """The CLI checks it before planning max_epochs from it; the callback again when built without the CLI."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LeanAgentError(f"progressive.epochs_per_repo must be at least 1, got {value}")
+
+
 class ProgressiveTraining(Callback):
     """Holds `epochs_per_repo` (the CLI's `progressive` group) and logs the plan each fit runs."""
 
     def __init__(self, epochs_per_repo: int = 1) -> None:
-        if epochs_per_repo < 1:
-            raise LeanAgentError(f"progressive.epochs_per_repo must be at least 1, got {epochs_per_repo}")
+        check_epochs_per_repo(epochs_per_repo)
         self.epochs_per_repo = epochs_per_repo
         self._validation_key: str | None = None
         self._restored_key: str | None = None
