@@ -172,3 +172,19 @@ def test_every_readme_command_line_parses(args, clean_env, tmp_path, retriever_c
         code, out, err = run_main([command, *rest, "--print_config"], capsys)
         assert code == 0, err
         assert yaml.safe_load(out)
+
+
+@pytest.mark.slow  # a whole fit in this process, about 20 s
+def test_fast_dev_run_leaves_no_checkpoint_and_no_heartbeats_in_the_working_folder(capsys, clean_env, tmp_path,
+                                                                                 monkeypatch, mini_dataset):
+    """Lightning promises no checkpoints under fast_dev_run; its on_train_end wrote checkpoints/last.ckpt here,
+    and the watchdog wrote heartbeats/ beside it (no logger to name a folder)."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(["fit", *config_args(FIT_COMBINATIONS["main job"]), "--trainer.accelerator=cpu",
+                             "--trainer.devices=1", "--trainer.enable_progress_bar=false", "--trainer.fast_dev_run=true",
+                             f"--data.data_path={mini_dataset / 'random'}", "--data.max_seq_len=32",
+                             f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}"], capsys)
+    assert code == 0, err[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lightning_logs"]
+    assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["heartbeats"]
+    assert not list(tmp_path.rglob("*.ckpt"))

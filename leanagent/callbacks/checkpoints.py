@@ -83,6 +83,11 @@ class ModelCheckpoint(LightningModelCheckpoint):
                                             "the checkpoints written before it are as they were") from e
         compat.record_checkpoint_saved(self, str(target))
 
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Lightning's own hook writes last.ckpt even under fast_dev_run, which promises no checkpoints."""
+        if not trainer.fast_dev_run:
+            super().on_train_end(trainer, pl_module)
+
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
         # Even if a best checkpoint was just saved at this step: last.ckpt must be this epoch's end.

@@ -64,7 +64,8 @@ def heartbeat_folder(trainer: pl.Trainer) -> Path:
         return Path(os.environ["LEANAGENT_HEARTBEAT_DIR"])
     logger = trainer.loggers[0] if trainer.loggers else None
     root = getattr(logger, "root_dir", None) if logger is not None else None
-    return Path(root or trainer.default_root_dir) / "heartbeats" / run_id()
+    # No logger (fast_dev_run, logger: false): where Lightning's default logger writes, not the bare working folder.
+    return Path(root or Path(trainer.default_root_dir) / "lightning_logs") / "heartbeats" / run_id()
 
 
 def _rank0_log_dir(trainer: pl.Trainer) -> str | None:
