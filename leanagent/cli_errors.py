@@ -28,6 +28,7 @@ def config_paths(argv: list[str]) -> list[str]:
 def check_config_files(argv: list[str]) -> None:
     """Configs that overlays replaced, and configs that are not UTF-8 text (jsonargparse raises a bare
     UnicodeDecodeError for those, naming no file), as one line before anything is parsed."""
+    check_section_flags(argv)
     for path in config_paths(argv):
         replacement = REPLACED_CONFIGS.get(Path(path).name)
         if replacement and not Path(path).exists():
@@ -70,6 +71,32 @@ def check_sections(text: str, path: str) -> None:
             kind = "null" if value is None else "a list" if isinstance(value, list) else f"{type(value).__name__} {value!r}"
             raise LeanAgentError(f"--config {path}: '{key}' must be a mapping of settings ({key}: {{...}} or an indented "
                                  f"block), got {kind}; leave it out for the defaults")
+
+
+def check_section_flags(argv: list[str]) -> None:
+    """`--trainer=null` or `--progressive 3` on the command line: jsonargparse blamed the config file, as
+    "configs/retrieval.yaml: progressive.progressive: Unable to load config". A mapping (`--trainer '{...}'`) or
+    a file of settings (`--trainer overlay.yaml`) is what such a flag takes."""
+    import yaml
+
+    for i, arg in enumerate(argv):
+        name, eq, given = arg.partition("=")
+        if name[2:] not in SECTIONS or not name.startswith("--"):
+            continue
+        if not eq:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                continue  # no value: jsonargparse says so
+            given = argv[i + 1]
+        if Path(given).is_file():
+            continue
+        try:
+            value = yaml.safe_load(given)
+        except yaml.YAMLError:
+            continue  # the parser says why
+        if not isinstance(value, dict):
+            kind = "null" if value is None else "a list" if isinstance(value, list) else f"{type(value).__name__} {value!r}"
+            raise LeanAgentError(f"{name}={given}: '{name[2:]}' must be a mapping of settings ({name} '{{key: value}}', "
+                                 f"a YAML file of them, or {name}.KEY=VALUE), got {kind}")
 
 
 def duplicate_key(text: str) -> tuple[str, int, int] | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from leanagent.cli import main
 from tests.conftest import BUNDLED, REPO, config_args
 from tests.test_bad_inputs import FISHER, ONE_CPU, RETRIEVAL, one_error
 
@@ -40,6 +41,26 @@ def test_a_section_that_is_not_a_mapping_is_refused(capsys, in_tmp, text, comman
     overlay = _overlay(in_tmp, text)
     one_error(capsys, [command, *base, "--config", overlay], f"--config {overlay}", shown)
     assert sorted(p.name for p in in_tmp.iterdir()) == ["overlay.yaml"]
+
+
+@pytest.mark.parametrize("command, flag, shown", [
+    ("fit", ["--progressive=null"], "--progressive=null: 'progressive' must be a mapping of settings"),  # blamed the file
+    ("fit", ["--trainer", "null"], "--trainer=null: 'trainer' must be a mapping"),
+    ("fit", ["--data=[1]"], "--data=[1]: 'data' must be a mapping of settings (--data '{key: value}'"),
+    ("lifelong", ["--ewc=null"], "--ewc=null: 'ewc' must be a mapping"),
+])
+def test_a_section_flag_that_is_not_a_mapping_names_the_flag(capsys, in_tmp, command, flag, shown):
+    base = ["--config", RETRIEVAL, *ONE_CPU, "--trainer.fast_dev_run=true"] if command == "fit" else LIFELONG
+    message = one_error(capsys, [command, *base, *flag], shown)
+    assert "configs/" not in message
+    assert list(in_tmp.iterdir()) == []
+
+
+def test_a_section_flag_still_takes_a_mapping(capsys, in_tmp):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", RETRIEVAL, "--trainer", "{devices: 1, max_epochs: 7}", "--print_config"])
+    assert exit_info.value.code in (0, None)
+    assert "max_epochs: 7" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("key, kind", [("batch_size", "an int"), ("num_negatives", "an int"), ("data_path", "a str")])
