@@ -121,3 +121,17 @@ def test_merge_names_a_source_given_twice_or_a_file(capsys, in_tmp):
     (in_tmp / "notes.txt").write_text("x\n")
     one_error(capsys, ["merge", "--out", "merged", "notes.txt"], "source notes.txt is a file, not a dataset folder")
     assert sorted(p.name for p in in_tmp.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("sed: 3\n", "base: base.yaml: Option 'sed' is not accepted"),  # named the ablation's own file
+    ("seed: [\n", "base: base.yaml:2: malformed YAML"),
+    ("ewc: null\n", "base: base.yaml: 'ewc' must be a mapping of settings"),
+])
+def test_an_ablation_s_bad_base_names_the_base(capsys, in_tmp, text, shown):
+    (in_tmp / "base.yaml").write_text(text)
+    (in_tmp / "ablation.yaml").write_text(
+        "base: base.yaml\noutput_dir: out\nsetups:\n  - {name: a, order: given, construction: single_repo, ewc: false}\n")
+    message = one_error(capsys, ["ablation", "--config", "ablation.yaml"], shown)
+    assert "ablation.yaml" not in message
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["ablation.yaml", "base.yaml"]

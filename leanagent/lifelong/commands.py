@@ -7,6 +7,7 @@ that runs on the parsed settings. leanagent/cli.py registers them as subcommands
 from __future__ import annotations
 
 import logging
+from argparse import ArgumentError
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
+from leanagent.cli_errors import check_config_files, summarize_parse_error
 from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable, write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
@@ -121,7 +123,15 @@ def run_lifelong(config: Namespace) -> dict:
 def run_ablation(config: Namespace) -> list[dict]:
     ablation = ablation_settings(config)
     bases = [ablation.base] if isinstance(ablation.base, str) else list(ablation.base)
-    base = parse_lifelong([arg for path in bases for arg in ("--config", path)])
+    base_argv = [arg for path in bases for arg in ("--config", path)]
+    try:
+        check_config_files(base_argv)
+    except LeanAgentError as e:
+        raise LeanAgentError(f"base: {str(e).removeprefix('--config ')}") from None
+    try:
+        base = parse_lifelong(base_argv)
+    except ArgumentError as e:  # otherwise summarised against the ablation's own argv, blaming its file
+        raise LeanAgentError(f"base: {summarize_parse_error(str(e), base_argv)}") from None
     rows = []
     out = Path(ablation.output_dir)
     for setup in ablation.setups:
