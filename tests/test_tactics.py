@@ -57,3 +57,16 @@ def test_positives_not_accessible_from_their_theorem_are_kept_and_counted(tmp_pa
     assert "2 annotated premise(s) are not accessible" in caplog.text
     assert "1 premise annotation(s) that name premises the corpus reader skipped" in caplog.text
     assert "outside the corpus" not in caplog.text
+
+
+def test_a_theorem_given_twice_in_a_split_is_read_once_and_named(tmp_path, caplog):
+    t1 = theorem("C.lean", "t1", 20, [tactic("s1", [("A.lean", "a1")])])
+    same_name_elsewhere = theorem("C.lean", "t1", 40, [tactic("s2", [("A.lean", "a2")])])  # another start: kept
+    root = write_dataset(tmp_path / "d", toy_corpus(), {"val": [t1, same_name_elsewhere, json.loads(json.dumps(t1))]})
+    states = load_tactic_states(root / "random" / "val.json", Corpus.from_jsonl(root / "corpus.jsonl"))
+    assert states.states == ["s1", "s2"]
+    assert (states.repeated, states.first_repeated) == (1, "theorem [2] 't1' of C.lean")
+    with caplog.at_level("WARNING", logger="leanagent"):
+        warn_unresolved(states, "val.json")
+    assert "val.json: read 1 theorem(s) once that the file gives again" in caplog.text
+    assert "(first: theorem [2] 't1' of C.lean)" in caplog.text

@@ -23,6 +23,8 @@ class TacticStates:
     `skipped` (a premise the corpus reader skipped, as ReProver's does). `unreachable` counts kept positives
     that are not accessible from their state (its file neither imports them nor lists them above it): they stay,
     counted as misses as in ReProver, and `reachable_states` counts the states with a positive that is.
+    A theorem given twice in one split (same file, name and start) is read once; `repeated` counts the rest and
+    `first_repeated` names the first, so a concatenated split neither trains nor scores it twice.
     """
 
     states: list[str] = field(default_factory=list)
@@ -35,6 +37,8 @@ class TacticStates:
     skipped: int = 0
     unreachable: int = 0
     reachable_states: int = 0
+    repeated: int = 0
+    first_repeated: str = ""
     _positives_array: np.ndarray | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -73,6 +77,7 @@ def load_tactic_states(split_file: str | os.PathLike, corpus: Corpus) -> TacticS
 def tactic_states(theorems: list, corpus: Corpus, split_file: str | os.PathLike) -> TacticStates:
     """`load_tactic_states` of theorems already read from `split_file` (which errors name)."""
     out = TacticStates()
+    seen: set[tuple[str, str, int]] = set()
     for t, theorem in enumerate(theorems):
         where = f"{split_file}: theorem [{t}]"
         file_path = _field(theorem, "file_path", str, where)
@@ -82,6 +87,11 @@ def tactic_states(theorems: list, corpus: Corpus, split_file: str | os.PathLike)
         if file_id is None:
             raise LeanAgentError(f"{where}: its file '{file_path}' is not in the corpus {corpus.source}")
         pos = position_key(_field(theorem, "start", list, where), f"{where}.start")
+        if (file_path, name, pos) in seen:
+            out.repeated += 1
+            out.first_repeated = out.first_repeated or f"theorem [{t}] '{name}' of {file_path}"
+            continue
+        seen.add((file_path, name, pos))
         for k, tactic in enumerate(_field(theorem, "traced_tactics", list, where)):
             twhere = f"{where}.traced_tactics[{k}]"
             state = _field(tactic, "state_before", str, twhere)
@@ -127,6 +137,9 @@ def _count_reachable(states: TacticStates, corpus: Corpus) -> None:
 
 def warn_unresolved(states: TacticStates, what: str) -> None:
     """One summary line per kind instead of one warning per annotation, as real LeanDojo data has many."""
+    if states.repeated:
+        log.warning("%s: read %d theorem(s) once that the file gives again with the same file, name and start "
+                    "(first: %s)", what, states.repeated, states.first_repeated)
     if states.unresolved:
         log.warning(
             "%s: skipped %d premise annotation(s) that point outside the corpus", what, states.unresolved
