@@ -3,7 +3,7 @@ import json
 import pytest
 
 from leanagent.corpus.corpus import Corpus
-from leanagent.corpus.tactics import load_tactic_states, warn_unresolved
+from leanagent.corpus.tactics import TacticStates, load_tactic_states, warn_unresolved
 from leanagent.errors import LeanAgentError
 from tests.conftest import premise, tactic, theorem, toy_corpus, write_dataset
 
@@ -66,6 +66,9 @@ def test_a_theorem_given_twice_in_a_split_is_read_once_and_named(tmp_path, caplo
     states = load_tactic_states(root / "random" / "val.json", Corpus.from_jsonl(root / "corpus.jsonl"))
     assert states.states == ["s1", "s2"]
     assert (states.repeated, states.first_repeated) == (1, "theorem [2] 't1' of C.lean")
+    predict = TacticStates()  # predict's states are the splits' own, extended into one
+    predict.extend(states)
+    assert (predict.repeated, predict.first_repeated) == (1, "theorem [2] 't1' of C.lean")
     with caplog.at_level("WARNING", logger="leanagent"):
         warn_unresolved(states, "val.json")
     assert "val.json: read 1 theorem(s) once that the file gives again" in caplog.text

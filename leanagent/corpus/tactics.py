@@ -47,8 +47,9 @@ class TacticStates:
     def extend(self, other: TacticStates) -> None:
         for name in ("states", "file_ids", "pos_keys", "positives", "theorem_names", "tactic_indices"):
             getattr(self, name).extend(getattr(other, name))
-        for name in ("unresolved", "skipped", "unreachable", "reachable_states"):
+        for name in ("unresolved", "skipped", "unreachable", "reachable_states", "repeated"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.first_repeated = self.first_repeated or other.first_repeated
 
     def positives_array(self) -> np.ndarray:
         """Positives padded with -1 to a [N, max] array, so batches can test membership without sets."""
