@@ -67,10 +67,8 @@ def check_sections(text: str, path: str) -> None:
         return
     for key in SECTIONS:
         if key in root and not isinstance(root[key], dict):
-            value = root[key]
-            kind = "null" if value is None else "a list" if isinstance(value, list) else f"{type(value).__name__} {value!r}"
             raise LeanAgentError(f"--config {path}: '{key}' must be a mapping of settings ({key}: {{...}} or an indented "
-                                 f"block), got {kind}; leave it out for the defaults")
+                                 f"block), got {_kind(root[key])}; leave it out for the defaults")
 
 
 def check_section_flags(argv: list[str]) -> None:
@@ -94,9 +92,13 @@ def check_section_flags(argv: list[str]) -> None:
         except yaml.YAMLError:
             continue  # the parser says why
         if not isinstance(value, dict):
-            kind = "null" if value is None else "a list" if isinstance(value, list) else f"{type(value).__name__} {value!r}"
             raise LeanAgentError(f"{name}={given}: '{name[2:]}' must be a mapping of settings ({name} '{{key: value}}', "
-                                 f"a YAML file of them, or {name}.KEY=VALUE), got {kind}")
+                                 f"a YAML file of them, or {name}.KEY=VALUE), got {_kind(value)}")
+
+
+def _kind(value: object) -> str:
+    """What a section holds in place of a mapping, as both errors above say it."""
+    return "null" if value is None else "a list" if isinstance(value, list) else f"{type(value).__name__} {value!r}"
 
 
 def duplicate_key(text: str) -> tuple[str, int, int] | None:
