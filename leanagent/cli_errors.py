@@ -25,14 +25,15 @@ def config_paths(argv: list[str]) -> list[str]:
     return paths + [a.split("=", 1)[1] for a in argv if a.startswith(("--config=", "-c="))]
 
 
-def check_config_files(argv: list[str]) -> None:
+def check_config_files(argv: list[str], label: str = "--config") -> None:
     """Configs that overlays replaced, and configs that are not UTF-8 text (jsonargparse raises a bare
-    UnicodeDecodeError for those, naming no file), as one line before anything is parsed."""
+    UnicodeDecodeError for those, naming no file), as one line before anything is parsed. `label` says where
+    the files were given ("base:" for an ablation's base configs)."""
     check_section_flags(argv)
     for path in config_paths(argv):
         replacement = REPLACED_CONFIGS.get(Path(path).name)
         if replacement and not Path(path).exists():
-            raise LeanAgentError(f"--config {path}: this config was replaced by overlays; give {replacement}")
+            raise LeanAgentError(f"{label} {path}: this config was replaced by overlays; give {replacement}")
         if not Path(path).is_file():
             continue  # a missing file or a folder: jsonargparse says which (a pipe is left to it, unread)
         try:
@@ -40,12 +41,12 @@ def check_config_files(argv: list[str]) -> None:
         except OSError:
             continue
         except UnicodeDecodeError as e:
-            raise LeanAgentError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        check_sections(text, path)
+            raise LeanAgentError(f"{label} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        check_sections(text, f"{label} {path}")
         twice = duplicate_key(text)
         if twice:
             key, line, first = twice
-            raise LeanAgentError(f"--config {path}:{line}: '{key}' is given twice in one mapping (first on line {first}); "
+            raise LeanAgentError(f"{label} {path}:{line}: '{key}' is given twice in one mapping (first on line {first}); "
                                  "YAML would keep the last and drop the other without a word: keep one")
 
 
@@ -55,8 +56,8 @@ def check_config_files(argv: list[str]) -> None:
 SECTIONS = ("trainer", "data", "progressive", "watchdog", "preemption", "repositories", "ewc")
 
 
-def check_sections(text: str, path: str) -> None:
-    """Each of SECTIONS that a config file gives must be a mapping of settings."""
+def check_sections(text: str, where: str) -> None:
+    """Each of SECTIONS that a config file gives must be a mapping of settings; `where` names the file."""
     import yaml
 
     try:
@@ -67,7 +68,7 @@ def check_sections(text: str, path: str) -> None:
         return
     for key in SECTIONS:
         if key in root and not isinstance(root[key], dict):
-            raise LeanAgentError(f"--config {path}: '{key}' must be a mapping of settings ({key}: {{...}} or an indented "
+            raise LeanAgentError(f"{where}: '{key}' must be a mapping of settings ({key}: {{...}} or an indented "
                                  f"block), got {_kind(root[key])}; leave it out for the defaults")
 
 

@@ -124,10 +124,7 @@ def run_ablation(config: Namespace) -> list[dict]:
     ablation = ablation_settings(config)
     bases = [ablation.base] if isinstance(ablation.base, str) else list(ablation.base)
     base_argv = [arg for path in bases for arg in ("--config", path)]
-    try:
-        check_config_files(base_argv)
-    except LeanAgentError as e:
-        raise LeanAgentError(f"base: {str(e).removeprefix('--config ')}") from None
+    check_config_files(base_argv, label="base:")
     try:
         base = parse_lifelong(base_argv)
     except ArgumentError as e:  # otherwise summarised against the ablation's own argv, blaming its file
