@@ -56,6 +56,8 @@ def settings_fingerprint(settings: LifelongSettings) -> str:
     described = {k: v for k, v in asdict(settings).items() if k != "output_dir"}
     if described["fine_tuned_share"] == 1.0:  # as before the setting existed: runs begun then still resume
         del described["fine_tuned_share"]
+    if not described["ewc"]["enabled"]:  # lambda, gamma and form are unused without EWC: all such runs are one run
+        described["ewc"] = asdict(EWCSettings(enabled=False))
     for key in ("retrieval_config", "fisher_config"):
         described[f"{key}_sha256"] = [
             hashlib.sha256(Path(p).read_bytes()).hexdigest() if Path(p).is_file() else None for p in config_list(described[key])

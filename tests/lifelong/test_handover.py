@@ -9,7 +9,7 @@ import torch
 
 from leanagent.errors import LeanAgentError
 from leanagent.lifelong.runner import LifelongRun
-from leanagent.lifelong.settings import LifelongSettings, check_settings, settings_fingerprint
+from leanagent.lifelong.settings import EWCSettings, LifelongSettings, check_settings, settings_fingerprint
 
 FIT = {"start_epoch": 0, "start_step": 0, "max_epochs": 1, "finished": False}
 
@@ -73,3 +73,12 @@ def test_a_share_outside_zero_to_one_is_refused(share):
 
 def test_the_share_makes_another_run():
     assert settings_fingerprint(LifelongSettings(fine_tuned_share=0.7)) != settings_fingerprint(LifelongSettings())
+
+
+def test_ewc_settings_make_another_run_only_when_ewc_is_on():
+    def fingerprint(**ewc) -> str:
+        return settings_fingerprint(LifelongSettings(ewc=EWCSettings(**ewc)))
+
+    assert fingerprint(enabled=False, ewc_lambda=1000.0, gamma=1.0) == fingerprint(enabled=False) == fingerprint()
+    assert fingerprint(enabled=True, ewc_lambda=1000.0) != fingerprint(enabled=True)
+    assert fingerprint(enabled=True) != fingerprint(enabled=False)
