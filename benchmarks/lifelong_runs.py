@@ -17,6 +17,7 @@ import numpy as np
 from benchmarks.arguments import benchmark_parser, run
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_json
+from leanagent.lifelong.report import final_averages
 
 
 def _field(summary: dict, path: Path, *keys: str) -> object:
@@ -52,12 +53,10 @@ def run_row(target: Path) -> tuple[list[str], dict[str, list[float]]]:
     figures = {"own test": own, "own val": _numbers(_field(summary, path, "val_recall10"), path, "val_recall10", stages)}
     for metric in ("FM", "EBWT", "IP"):
         figures[metric] = _numbers([_field(summary, path, "metrics", metric)], path, f"metrics.{metric}", 1)
-    final = {"dense": _field(summary, path, "average_test_recall10")}
-    for ranking in ("bm25", "hybrid"):
-        final[ranking] = _field(summary, path, "baselines", ranking, "average_test_recall10")
-    for ranking, averages in final.items():
-        name = "average_test_recall10" if ranking == "dense" else f"baselines.{ranking}.average_test_recall10"
-        figures[f"final {ranking}"] = _numbers(averages, path, name, stages)[-1:]
+    for keys in (("average_test_recall10",), *(("baselines", r, "average_test_recall10") for r in ("bm25", "hybrid"))):
+        _numbers(_field(summary, path, *keys), path, ".".join(keys), stages)
+    finals = final_averages(summary)  # what `lifelong` prints, read from the same file
+    figures["final"] = [finals[f"final_avg_test_R@10{suffix}"] for suffix in ("", "/bm25", "/hybrid")]
     return order, figures
 
 
@@ -69,31 +68,29 @@ def main() -> None:
     p = benchmark_parser(__doc__)
     p.add_argument("runs", nargs="+", type=Path, help="lifelong output folders or their results.json")
     args = p.parse_args()
-    rows = {}
+    rows = []
     order = None
     for target in args.runs:
         run_order, figures = run_row(target)
         if order is not None and run_order != order:
             raise LeanAgentError(f"{target}: its order ({' > '.join(run_order)}) is not the first run's ({' > '.join(order)})")
         order = run_order
-        rows[str(target)] = figures
+        rows.append((str(target), figures))
     print("order: " + " > ".join(order))
-    width = max(len(name) for name in [*rows, "mean"])
+    width = max(len(name) for name in [*(name for name, _ in rows), "mean"])
     header = ["own test R@10 per stage".ljust(6 * len(order) - 1), "own val R@10 per stage".ljust(6 * len(order) - 1),
               "   FM", " EBWT", "   IP", "dense", " BM25", "hybrid"]
     print(f"{'run':{width}}  " + "  ".join(header))
 
     def line(name: str, f: dict[str, list[float]]) -> str:
-        finals = " ".join(f"{f[k][0]:5.1f}" for k in ("final dense", "final bm25", "final hybrid"))
         return (f"{name:{width}}  {_cells(f['own test'], 1)}  {_cells(f['own val'], 1)}  "
-                f"{_cells(f['FM'], 2)} {_cells(f['EBWT'], 2)} {_cells(f['IP'], 2)}  {finals}")
+                f"{_cells(f['FM'], 2)} {_cells(f['EBWT'], 2)} {_cells(f['IP'], 2)}  {_cells(f['final'], 1)}")
 
-    for name, figures in rows.items():
+    for name, figures in rows:
         print(line(name, figures))
     if len(rows) > 1:
         for name, reduce in (("mean", np.mean), ("min", np.min), ("max", np.max)):
-            keys = next(iter(rows.values())).keys()
-            print(line(name, {k: list(reduce([f[k] for f in rows.values()], axis=0)) for k in keys}))
+            print(line(name, {k: list(reduce([f[k] for _, f in rows], axis=0)) for k in rows[0][1]}))
 
 
 if __name__ == "__main__":

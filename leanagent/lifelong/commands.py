@@ -19,6 +19,7 @@ from leanagent.cli_errors import check_config_files, summarize_parse_error
 from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable, write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
+from leanagent.lifelong.report import final_averages
 from leanagent.lifelong.repositories import Repositories, resolve_repositories
 from leanagent.lifelong.runner import LifelongRun
 from leanagent.lifelong.settings import EWCSettings, LifelongSettings
@@ -159,14 +160,6 @@ def run_merge(config: Namespace) -> None:
     counts = ", ".join(f"{name} {parts}" for name, parts in stats.theorems.items())
     print(f"merged {len(config.sources)} datasets into {config.out}: {stats.files} files, {stats.premises} premises; "
           f"theorems: {counts}")
-
-
-def final_averages(summary: dict) -> dict[str, float]:
-    """The last stage's average test R@10 of the trained (dense) ranking, with BM25's and hybrid's beside it."""
-    averages = {"final_avg_test_R@10": summary["average_test_recall10"][-1]}
-    for ranking, baseline in summary.get("baselines", {}).items():
-        averages[f"final_avg_test_R@10/{ranking}"] = baseline["average_test_recall10"][-1]
-    return averages
 
 
 def format_table(rows: list[dict]) -> str:

@@ -74,6 +74,14 @@ def write_report(out: Path, state: dict, window: int = 5) -> dict:
     return summary
 
 
+def final_averages(summary: dict) -> dict[str, float]:
+    """The last stage's average test R@10 of the trained (dense) ranking, with BM25's and hybrid's beside it."""
+    averages = {"final_avg_test_R@10": summary["average_test_recall10"][-1]}
+    for ranking, baseline in summary.get("baselines", {}).items():
+        averages[f"final_avg_test_R@10/{ranking}"] = baseline["average_test_recall10"][-1]
+    return averages
+
+
 def write_figure(path: Path, order: list[str], matrices: dict[str, list[list[float]]]) -> None:
     """Heatmap of the dense test R@10 per repository after each stage, beside the average test R@10
     curves of dense, BM25 and hybrid."""
