@@ -38,7 +38,8 @@ class Interrupted(LeanAgentError):
 def stop_on_signals(during: str, advice: str = "run the same command again") -> Iterator[None]:
     """While inside, SIGTERM and SIGINT raise `Interrupted` ("<during> stopped by SIGTERM; <advice>"),
     and so does Lightning's SIGTERMException. Handlers installed inside (a fit's preemption callback,
-    a stage runner's forwarding) take over until they restore ours. Outside the main thread: no-op."""
+    a stage runner's forwarding) take over until they restore ours. Whatever else ends the block after our
+    signal (the library it interrupted caught it) is that signal's `Interrupted` too. Outside the main thread: no-op."""
     received: list[int] = []
 
     def interrupt(signum: int) -> Interrupted:
@@ -60,6 +61,12 @@ def stop_on_signals(during: str, advice: str = "run the same command again") -> 
         yield
     except SIGTERMException:
         raise interrupt(signal.SIGTERM) from None
+    except (Exception, SystemExit) as error:
+        if received and not isinstance(error, Interrupted):
+            # Ours was raised inside code that catches what it calls and reports something else: jsonargparse,
+            # resolving a class_path, told of a bad value in the config file. The signal is what stopped it.
+            raise interrupt(received[0]) from error
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -44,6 +44,43 @@ def test_a_handler_installed_inside_takes_over_until_it_restores_ours():
     assert seen == [signal.SIGTERM]
 
 
+def test_a_signal_that_code_inside_caught_and_reported_as_something_else_is_still_the_signal():
+    """A library that catches what it calls (jsonargparse resolving a class_path) reports our Interrupted as
+    its own error: a Ctrl-C while the config was parsed told the user their config file was wrong (exit 2)."""
+    with pytest.raises(Interrupted) as stopped:
+        with stop_on_signals("fit"):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(10)
+            except Exception as caught:
+                raise ValueError("trainer.callbacks: not a valid callback") from caught
+    assert stopped.value.exit_code == 130
+    assert str(stopped.value) == "fit stopped by SIGINT; run the same command again"
+
+
+def test_an_error_with_no_signal_stays_that_error():
+    with pytest.raises(ValueError, match="a real error"):
+        with stop_on_signals("fit"):
+            raise ValueError("a real error")
+
+
+def test_ctrl_c_while_the_config_is_parsed_is_the_signal_not_a_config_error(tmp_path):
+    """Through the app: the signal lands while jsonargparse imports a callback's module (tests/ctrl_c_on_import.py)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    args = [sys.executable, str(REPO / "main.py"), "fit", "--config", str(REPO / "configs/retrieval.yaml"),
+            "--trainer.callbacks+=tests.ctrl_c_on_import.Pressed"]
+    result = subprocess.run(args, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                            text=True, timeout=120, preexec_fn=_default_sigint)
+    assert result.returncode == 130, result.stderr[-2000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error")] == [
+        "error: fit stopped by SIGINT; run the same command again"], result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
