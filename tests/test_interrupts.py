@@ -120,6 +120,45 @@ def test_ctrl_c_while_the_libraries_load_is_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+# Stands in for `leanagent.cli` being imported: library code (torch's C++ callbacks through pybind11) turns an
+# exception raised inside it into an abort. A spawned rank that did so was a lost rank (SIGABRT) to rank 0.
+_LIBRARY_THAT_ABORTS = """
+import os, signal, sys, time, types
+
+def main():
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)
+    except BaseException:
+        os.abort()
+    print("went on")
+
+cli = types.ModuleType("leanagent.cli")
+cli.main = main
+sys.modules["leanagent.cli"] = cli
+from leanagent.entry import run
+run()
+"""
+
+
+@pytest.mark.parametrize("local_rank, lines", [("0", ["error: stopped by SIGINT before the command started or after it "
+                                                      "ended; nothing was half-written; run the same command again"]),
+                                               ("1", [])])
+def test_ctrl_c_while_loading_ends_the_process_without_raising_into_the_library(local_rank, lines):
+    """Every rank exits 130 (a stop on purpose, not a lost rank), and only the first says so."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "LOCAL_RANK": local_rank, "NODE_RANK": "0"}
+    result = subprocess.run([sys.executable, "-c", _LIBRARY_THAT_ABORTS], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60, preexec_fn=_default_sigint)
+    assert result.returncode == 130, result.stderr[-2000:]
+    assert result.stderr.splitlines() == lines
+    assert "went on" not in result.stdout
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc to see when torch is loading")
 def test_ctrl_c_while_a_benchmark_loads_is_one_line():
     """`python -m benchmarks.X` while torch loads, before the benchmark's own handlers: no traceback either."""

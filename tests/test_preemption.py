@@ -192,6 +192,23 @@ def test_sigterm_to_every_rank_while_one_waits_in_a_collective_ends_the_evaluati
     assert errors == ["error: test stopped by SIGTERM; run the same command again"], stderr[-3000:]
 
 
+def _spawned_rank_loading_torch(pid: int) -> bool:
+    """Whether a rank that process `pid` spawned has mapped torch's library (Linux's /proc)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return False
+    for child in children:
+        try:
+            if "libtorch" in Path(f"/proc/{child}/maps").read_text():
+                return True
+        except OSError:  # gone, or exec'ing
+            continue
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="needs Linux's /proc children lists to see when the spawned rank loads torch")
 def test_ctrl_c_while_the_ranks_start_ends_rank_0_waiting_in_the_rendezvous(tmp_path, mini_dataset):
     """The spawned ranks stop on it before they join; rank 0, in torch's rendezvous (no signal handler runs
     there), would wait for them for the 364-day timeout if its observer did not end it."""
@@ -203,11 +220,13 @@ def test_ctrl_c_while_the_ranks_start_ends_rank_0_waiting_in_the_rendezvous(tmp_
                                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
         try:
             deadline = time.time() + 300
-            while "Initializing distributed: GLOBAL_RANK: 0" not in errors.read_text() and time.time() < deadline:
+            # Rank 1 past Python's own start (a Ctrl-C there is the interpreter's fatal error) and loading its
+            # libraries, seconds before it would join: where a KeyboardInterrupt raised into torch aborted it.
+            while not _spawned_rank_loading_torch(process.pid) and time.time() < deadline:
                 assert process.poll() is None, errors.read_text()[-3000:]
-                time.sleep(0.05)
-            time.sleep(1.5)  # rank 1 is past Python's own start (a Ctrl-C there is the interpreter's fatal error) and
-            os.killpg(process.pid, signal.SIGINT)  # still loading its libraries: seconds before it would join
+                time.sleep(0.01)
+            assert "Initializing distributed: GLOBAL_RANK: 1" not in errors.read_text()
+            os.killpg(process.pid, signal.SIGINT)
             process.wait(timeout=60)
         finally:
             if process.poll() is None:
