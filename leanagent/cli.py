@@ -333,7 +333,11 @@ def main(args: list[str] | None = None) -> None:
         # Inside a lifelong stage the runner says what to do (rerun the lifelong command), not --ckpt_path.
         stage = os.environ.get("LEANAGENT_LIFELONG_STAGE") == "1"
         if not stage and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") in ("", "0"):
-            print(f"preempted: {stop}" if isinstance(stop, Preempted) else f"error: {stop}", file=sys.stderr)
+            print(f"preempted: {stop}" if isinstance(stop, Preempted) else f"error: {stop}", file=sys.stderr, flush=True)
+        if isinstance(stop, Interrupted):  # a Preempted fit's ranks agreed to stop at the same step already
+            from leanagent.faults.rank_observer import pass_on_signal
+
+            pass_on_signal(stop.signum)
         sys.exit(128 + stop.signum)
     except ArgumentError as e:
         print(f"error: {summarize_parse_error(str(e), argv)}", file=sys.stderr)

@@ -192,6 +192,48 @@ def test_sigterm_to_every_rank_while_one_waits_in_a_collective_ends_the_evaluati
     assert errors == ["error: test stopped by SIGTERM; run the same command again"], stderr[-3000:]
 
 
+def _processes_working_in(folder: Path) -> list[int]:
+    """Live processes (not zombies) whose working folder is `folder`: a run's ranks (Linux's /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and Path(os.readlink(entry / "cwd")) == folder:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(entry.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/cwd"), reason="needs Linux's /proc to find the ranks left")
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_rank_0_alone_outside_training_stops_the_ranks_it_spawned(tmp_path, mini_dataset, trained_run,
+                                                                               signal_name):
+    """`kill -INT PID`, an IDE's stop button or a parent process reach rank 0 alone. Lightning passes SIGTERM on to
+    the ranks it spawned, not SIGINT: rank 0 left at once, and rank 1, waiting for it in a collective, failed
+    there afterwards with a "no lost rank was found" line and a collective error of its own."""
+    folder, _ = trained_run
+    ready = tmp_path / "evaluating"
+    args = ["validate", "--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=2",
+            "--trainer.precision=32-true", f"--data.data_path={mini_dataset / 'random'}",
+            f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}", "--data.max_seq_len=64",
+            "--trainer.callbacks+=tests.helpers.PauseInEvaluation", f"--trainer.callbacks.ready={ready}",
+            f"--ckpt_path={folder / 'checkpoints' / 'retrieval' / 'last.ckpt'}"]
+    returncode, _ = signal_when_ready([sys.executable, str(REPO / "main.py"), *args], tmp_path, ready, signal_name,
+                                      to_group=False, wait=300)
+    left = _processes_working_in(tmp_path)
+    deadline = time.time() + 60
+    while _processes_working_in(tmp_path) and time.time() < deadline:  # let a survivor say what it would say
+        time.sleep(0.2)
+    for pid in _processes_working_in(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+    stderr = (tmp_path / "stderr.txt").read_text()
+    assert returncode == 128 + signal.Signals[signal_name], stderr[-3000:]
+    assert left == [], f"rank 0 left ranks behind: {left}"
+    errors = [line for line in stderr.splitlines() if line.startswith("error")]
+    assert errors == [f"error: validate stopped by {signal_name}; run the same command again"], stderr[-3000:]
+
+
 def _spawned_rank_loading_torch(pid: int) -> bool:
     """Whether a rank that process `pid` spawned has mapped torch's library (Linux's /proc)."""
     try:

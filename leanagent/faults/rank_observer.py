@@ -20,6 +20,7 @@ from leanagent.faults.state import EXIT_RANK_LOST, EXIT_STALLED, PREEMPTED_CODES
 
 OBSERVE_S = 1.0  # how often the children are polled
 LOST_GRACE_S = 10.0  # after a lost rank, how long survivors get to exit on their own before being killed
+PASS_ON_GRACE_S = 5.0  # after rank 0 passed its signal on, how long the others get to stop before being killed
 
 
 class RankObserver(threading.Thread):
@@ -30,6 +31,7 @@ class RankObserver(threading.Thread):
         self.child_processes = child_processes
         self.named = False
         self.reason = "another rank ended early"
+        self.stopped = threading.Event()  # rank 0 is stopping them itself: their exits are no lost ranks
 
     def run(self) -> None:
         while True:
@@ -39,6 +41,8 @@ class RankObserver(threading.Thread):
 
     def check(self) -> bool:
         """One look at the children; True when there is nothing more to watch."""
+        if self.stopped.is_set():
+            return True
         for proc in self.child_processes:
             proc.poll()
         codes = [proc.returncode for proc in self.child_processes]
@@ -107,6 +111,25 @@ def stop_children(procs: list[subprocess.Popen], grace_s: float) -> None:
     for p in procs:
         if p.poll() is None:
             p.kill()
+
+
+def pass_on_signal(signum: int, grace_s: float = PASS_ON_GRACE_S) -> None:
+    """Rank 0 of Lightning's launcher, stopped by a signal outside a fit's training steps: the ranks it spawned
+    stop on the same signal, instead of failing in their next collective once rank 0 is gone (one
+    "no lost rank was found" line each) or waiting in it for good. `kill PID` and a container's stop reach
+    rank 0 alone; after a Ctrl-C, which reached them all, the copy changes nothing (stop_on_signals ignores
+    a second signal). Those still running after `grace_s`, inside a collective that waits for rank 0, are killed."""
+    observer = state.observer
+    if observer is None:
+        return
+    observer.stopped.set()
+    for proc in observer.child_processes:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:  # exited between the poll and the signal
+                pass
+    stop_children(observer.child_processes, grace_s)
 
 
 def _start_observer(child_processes: list[subprocess.Popen]) -> None:
