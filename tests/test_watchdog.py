@@ -131,6 +131,35 @@ def test_a_rank_killed_beside_preempted_ones_is_still_named(monkeypatch, tmp_pat
     assert "error: rank 2 was lost: killed by SIGKILL" in err and "rank 1 " not in err and exits == [4]
 
 
+def test_rank_0_passes_its_signal_on_and_kills_ranks_that_do_not_stop(monkeypatch, tmp_path, capsys):
+    """One child stops on the passed-on SIGINT; one ignores it (as a rank inside a collective does) and is killed
+    after the grace; neither is reported lost, and the observer no longer ends rank 0 for them."""
+    ignoring = "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+    stopping = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE)
+    deaf = subprocess.Popen([sys.executable, "-c", ignoring], stdout=subprocess.PIPE)
+    try:
+        for child in (stopping, deaf):
+            child.stdout.readline()  # its handlers are in place
+        observer = rank_observer.RankObserver([stopping, deaf])
+        monkeypatch.setattr(state, "observer", observer)
+        monkeypatch.setattr(state, "folder", tmp_path)
+        exits: list[int] = []
+        monkeypatch.setattr(os, "_exit", lambda code: exits.append(code))
+        started = time.monotonic()
+        rank_observer.pass_on_signal(signal.SIGINT, grace_s=1.0)
+        assert time.monotonic() - started < 10
+        assert stopping.poll() is not None and stopping.returncode != -signal.SIGKILL  # stopped by the signal itself
+        assert deaf.wait(timeout=10) == -signal.SIGKILL
+        assert observer.check() is True and exits == [] and not observer.named
+        assert "lost" not in capsys.readouterr().err
+    finally:
+        for child in (stopping, deaf):
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+
+
 def stopped_child() -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     os.kill(child.pid, signal.SIGSTOP)
