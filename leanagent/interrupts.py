@@ -18,15 +18,18 @@ from types import FrameType
 
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from leanagent.errors import LeanAgentError
 
 __all__ = ["SIGNALS", "Interrupted", "stop_on_signals"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class Interrupted(LeanAgentError):
-    """A signal stopped a pass; its message says how to go on. `exit_code` is 128 + the signal."""
+class Interrupted(BaseException):
+    """A signal stopped a pass; its message says how to go on. `exit_code` is 128 + the signal.
+
+    Not an `Exception`, as KeyboardInterrupt is not: raised wherever the signal lands, it must pass through
+    the `except Exception` of libraries and our own `except LeanAgentError` around optional steps (a missing
+    val split, an unreadable checkpoint), which caught it and went on as if no signal had come."""
 
     def __init__(self, signum: int, message: str) -> None:
         super().__init__(message)

@@ -58,6 +58,23 @@ def test_a_signal_that_code_inside_caught_and_reported_as_something_else_is_stil
     assert str(stopped.value) == "fit stopped by SIGINT; run the same command again"
 
 
+def test_interrupted_passes_through_code_that_catches_errors_and_goes_on():
+    """Ours did so too: `except LeanAgentError` around an optional val split caught a Ctrl-C that landed while the
+    split was read, and the fit went on as if no signal had come."""
+    from leanagent.errors import LeanAgentError
+
+    went_on = []
+    with pytest.raises(Interrupted):
+        with stop_on_signals("fit"):
+            for catch in (Exception, LeanAgentError):
+                try:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(10)
+                except catch:
+                    went_on.append(catch)
+    assert went_on == []
+
+
 def test_an_error_with_no_signal_stays_that_error():
     with pytest.raises(ValueError, match="a real error"):
         with stop_on_signals("fit"):
