@@ -234,15 +234,52 @@ def test_a_signal_to_rank_0_alone_outside_training_stops_the_ranks_it_spawned(tm
     assert errors == [f"error: validate stopped by {signal_name}; run the same command again"], stderr[-3000:]
 
 
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"),
+                    reason="needs Linux's /proc children lists to find the spawned rank")
+def test_a_signal_to_another_rank_alone_outside_training_is_named_as_that_stop(tmp_path, mini_dataset, trained_run):
+    """`kill PID` on rank 1: it stops at once, silent as every rank but 0 is; rank 0's next collective then failed
+    with "no lost rank was found" and exit 4, as if a rank had died."""
+    folder, _ = trained_run
+    ready = tmp_path / "evaluating"
+    args = ["validate", "--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=2",
+            "--trainer.precision=32-true", f"--data.data_path={mini_dataset / 'random'}",
+            f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}", "--data.max_seq_len=64",
+            "--trainer.callbacks+=tests.helpers.PauseInEvaluation", f"--trainer.callbacks.ready={ready}",
+            "--trainer.callbacks.seconds=5", f"--ckpt_path={folder / 'checkpoints' / 'retrieval' / 'last.ckpt'}"]
+    errors = tmp_path / "stderr.txt"
+    with open(errors, "w") as err:
+        process = subprocess.Popen([sys.executable, str(REPO / "main.py"), *args], cwd=tmp_path, env=launch_env(),
+                                   stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            deadline = time.time() + 300
+            while not ready.exists() and process.poll() is None and time.time() < deadline:
+                time.sleep(0.1)
+            assert ready.exists(), errors.read_text()[-3000:]  # rank 0 sleeps in its first batch; rank 1 goes on
+            rank_1 = int(Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()[0])
+            os.kill(rank_1, signal.SIGTERM)
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    stderr = errors.read_text()
+    assert process.returncode == 143, stderr[-3000:]
+    assert [line for line in stderr.splitlines() if line.startswith("error")] == [
+        f"error: rank 1 (pid {rank_1}) stopped on SIGTERM; the other ranks stop with it; run the same command again"
+    ], stderr[-3000:]
+
+
 def _spawned_rank_loading_torch(pid: int) -> bool:
-    """Whether a rank that process `pid` spawned has mapped torch's library (Linux's /proc)."""
+    """Whether a rank that process `pid` spawned has mapped torch's library (Linux's /proc). Its environment
+    must be rank 1's: between fork and exec the child is a copy of rank 0, torch included, and a signal
+    there is lost with the copy."""
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return False
     for child in children:
         try:
-            if "libtorch" in Path(f"/proc/{child}/maps").read_text():
+            if (b"LOCAL_RANK=1\0" in Path(f"/proc/{child}/environ").read_bytes()
+                    and "libtorch" in Path(f"/proc/{child}/maps").read_text()):
                 return True
         except OSError:  # gone, or exec'ing
             continue

@@ -160,6 +160,24 @@ def test_rank_0_passes_its_signal_on_and_kills_ranks_that_do_not_stop(monkeypatc
             child.wait()
 
 
+def test_a_rank_stopped_on_a_signal_is_named_once_as_that_stop_and_gives_its_exit_code(tmp_path, capsys):
+    """Its heartbeat's final state says which signal; every survivor gets the code, one of them prints the line."""
+    from leanagent.interrupts import Interrupted
+    from leanagent.faults.watchdog import final_state
+
+    assert final_state(Interrupted(signal.SIGTERM, "validate stopped by SIGTERM")) == "stopped by SIGTERM"
+    assert final_state(RuntimeError("Connection closed by peer")) == "failed"
+    now = time.time()
+    heartbeats.write_json(tmp_path / "rank0.json", record(0, "validation", 0, 0, now))
+    heartbeats.write_json(tmp_path / "rank1.json", record(1, "validation", 2, 0, now, state="failed"))
+    assert lost_ranks.report_stopped_rank(tmp_path, exclude=0) is None  # a failure is no stop on purpose
+    heartbeats.write_json(tmp_path / "rank2.json", record(2, "validation", 2, 0, now, pid=4321, state="stopped by SIGINT"))
+    assert [lost_ranks.report_stopped_rank(tmp_path, exclude=r) for r in (0, 1)] == [130, 130]
+    assert lost_ranks.report_stopped_rank(tmp_path, exclude=2) is None  # the stopped rank itself
+    assert capsys.readouterr().err.splitlines() == [
+        "error: rank 2 (pid 4321) stopped on SIGINT; the other ranks stop with it; run the same command again"]
+
+
 def stopped_child() -> subprocess.Popen:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     os.kill(child.pid, signal.SIGSTOP)

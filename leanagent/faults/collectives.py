@@ -1,6 +1,7 @@
 """A survivor's end: a collective failed because another rank died; name that rank once, say one line, exit.
 
-Without this a survivor prints gloo's or NCCL's traceback, and every survivor prints its own.
+Without this a survivor prints gloo's or NCCL's traceback, and every survivor prints its own. A rank
+that stopped on a signal sent to it alone is no lost rank: that stop is named instead, with its exit code.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import time
 
 from leanagent.faults import rank_observer
 from leanagent.faults.heartbeats import current_rank, external_launcher, print_line
-from leanagent.faults.lost_ranks import parent_rank, report_lost_ranks, wait_for_claims
+from leanagent.faults.lost_ranks import parent_rank, report_lost_ranks, report_stopped_rank, wait_for_claims
 from leanagent.faults.state import EXIT_RANK_LOST, state
 
 COLLECTIVE_ERROR_MARKERS = (
@@ -50,6 +51,12 @@ def handle_collective_error(error: BaseException) -> int:
     state.ending.set()
     named = False
     observer = state.observer
+    stopped = report_stopped_rank(state.folder, exclude=rank)
+    if stopped is not None:  # a stop on purpose: no lost rank, and the broken collective is only its consequence
+        if observer is not None:
+            observer.stopped.set()
+            rank_observer.stop_children(observer.child_processes, rank_observer.LOST_GRACE_S / 2)
+        return stopped
     if observer is not None:  # Lightning's launcher: the observer names the child with its exit signal
         deadline = time.time() + 3.0
         while not observer.named and time.time() < deadline:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from leanagent.faults.heartbeats import claim, describe, duration, print_line, process_state, read_heartbeats
-from leanagent.faults.state import state
+from leanagent.faults.state import STOPPED_BY, state
 
 
 def lost_ranks(folder: Path | None, exclude: int | None = None) -> list[tuple[int, dict[str, Any], str]]:
@@ -52,6 +53,23 @@ def report_lost_ranks(folder: Path | None = None, exclude: int | None = None, wa
     for rank, record, how in found:
         report_lost(folder, rank, record, how)
     return bool(found)
+
+
+def report_stopped_rank(folder: Path | None, exclude: int | None = None) -> int | None:
+    """A rank of this host that stopped on a signal sent to it alone (`kill PID` outside training steps), which
+    leaves the others failing in their next collective: named once per job. 128 + that signal, or None."""
+    if folder is None or not folder.is_dir():
+        return None
+    for rank, record in read_heartbeats(folder).items():
+        final = str(record.get("state", ""))
+        if rank == exclude or not final.startswith(STOPPED_BY) or final[len(STOPPED_BY):] not in signal.Signals.__members__:
+            continue
+        name = final[len(STOPPED_BY):]
+        if claim(folder, f"stopped-rank{rank}.claim"):
+            print_line(f"error: rank {rank} (pid {record.get('pid', '?')}) stopped on {name}; the other ranks stop "
+                       "with it; run the same command again")
+        return 128 + signal.Signals[name]
+    return None
 
 
 def parent_rank() -> int | None:

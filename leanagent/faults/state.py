@@ -13,6 +13,8 @@ EXIT_RANK_LOST = 4  # a rank died or a collective failed because one did
 # Exit codes of a rank that stopped on SIGTERM or Ctrl-C once the ranks had agreed and rank 0 had saved
 # (128 + signal, leanagent.cli.main): a stop on purpose, not a lost rank.
 PREEMPTED_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
+# A heartbeat's final state after a stop on a signal ("stopped by SIGTERM"): on purpose, not a lost rank.
+STOPPED_BY = "stopped by "
 
 
 @dataclass

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -22,7 +23,7 @@ from leanagent.faults.flight_recorder import dump_flight_recorder, set_dump_pref
 from leanagent.faults.heartbeats import Heartbeat, external_launcher, heartbeat_folder, print_line, read_heartbeats
 from leanagent.faults.lost_ranks import lost_ranks, report_lost, report_lost_ranks
 from leanagent.faults.stall_report import abort, write_stall_report
-from leanagent.faults.state import EXIT_RANK_LOST, state
+from leanagent.faults.state import EXIT_RANK_LOST, STOPPED_BY, state
 
 log = logging.getLogger("leanagent")
 
@@ -160,10 +161,17 @@ class Watchdog(Callback):
         beat("after training")
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self.stop("failed")
+        self.stop(final_state(exception))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.stop("finished")
+
+
+def final_state(exception: BaseException) -> str:
+    """`stopped by SIGTERM` for a stop on a signal (Interrupted, Preempted: both carry `signum`), else `failed`:
+    the other ranks, whose collectives then fail, say why (faults/collectives.py)."""
+    signum = getattr(exception, "signum", None)
+    return f"{STOPPED_BY}{signal.Signals(signum).name}" if isinstance(signum, int) else "failed"
 
 
 class WatchThread(threading.Thread):
