@@ -10,6 +10,8 @@ LeanAgent's per-repository datasets carry their dependencies.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from collections import Counter
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from pathlib import Path
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import read_theorems, require_positives, require_training_examples, tactic_states
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_write, write_json
+from leanagent.io import atomic_write, file_sha256, write_json
 
 SPLIT_FILES = ("train", "val", "test")
 
@@ -51,14 +53,55 @@ def _read_located(path: Path) -> list[dict]:
     return theorems
 
 
-def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str, Path]:
-    """Write one dataset folder per repository under `out_root` (idempotent: same input, same output)."""
+def _reference_split(splits: list[str], split: str | None) -> str:
+    """The split folder whose theorems are counted per folder: the run's own, else `random`, else the first."""
+    if split in splits:
+        return split
+    return "random" if "random" in splits else splits[0]
+
+
+def _unique_slugs(names: list[str]) -> dict[str, str]:
+    """Folder names for repositories: `Data/List` -> `data-list`; a second name with the same slug (`Data-List`)
+    gets `data-list-2` instead of sharing (and overwriting) the first's folder."""
+    slugs: dict[str, str] = {}
+    for name in names:
+        base = name.replace("/", "-").lower()
+        slug, n = base, 2
+        while slug in slugs.values():
+            slug, n = f"{base}-{n}", n + 1
+        slugs[name] = slug
+    return slugs
+
+
+def _source_fingerprint(dataset: Path, splits: list[str], reference: str, min_theorems: int) -> str:
+    """What a split of `dataset` was made from: an edited (or replaced) dataset is split again, not reused."""
+    digest = hashlib.sha256(f"{reference}\0{min_theorems}\0".encode())
+    for relative in ["corpus.jsonl", *(f"{split}/{part}.json" for split in splits for part in SPLIT_FILES)]:
+        path = dataset / relative
+        digest.update(f"{relative}\0{file_sha256(path) if path.is_file() else '-'}\0".encode())
+    return digest.hexdigest()
+
+
+def _check_source(dataset: Path, split: str) -> None:
+    """The run's split of the bundled dataset, checked as a fit reads it, before it is split: an error names the
+    user's file and its theorem's index there, not a copy under output_dir that a refused run removes."""
+    theorems = read_splits(str(dataset), dataset, split)
+    corpus = Corpus.from_jsonl(dataset / "corpus.jsonl")
+    for part in SPLIT_FILES:
+        tactic_states(theorems[part], corpus, dataset / split / f"{part}.json")
+
+
+def split_bundled(dataset: Path, out_root: Path, min_theorems: int, split: str | None = None) -> dict[str, Path]:
+    """Write one dataset folder per repository under `out_root` (idempotent: same input, same output).
+    Folders are counted in `split` (the run's split folder; `random` or the first when not given)."""
     splits = _split_folders(dataset)
     if not splits:
         raise LeanAgentError(f"{dataset}: no split folder with train.json")
-    reference = splits[0]
-    theorems = {s: _read_located(dataset / reference / f"{s}.json") for s in SPLIT_FILES}
-    paths = [t["file_path"] for s in SPLIT_FILES for t in theorems[s]]
+    reference = _reference_split(splits, split)
+    if split is not None:
+        _check_source(dataset, reference)
+    located = {(s, part): _read_located(dataset / s / f"{part}.json") for s in splits for part in SPLIT_FILES}
+    paths = [t["file_path"] for part in SPLIT_FILES for t in located[reference, part]]
     deep = Counter(_folder(p, 2) for p in paths)
     is_deep = lambda path: bool(_folder(path, 2)) and deep[_folder(path, 2)] >= min_theorems
     rest = Counter(_folder(p, 1) for p in paths if not is_deep(p))
@@ -70,32 +113,41 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int) -> dict[str,
             return _folder(path, 1)
         return "other"
 
-    names = sorted({repository(p) for p in paths})
-    # Each split file is read once and partitioned, not re-read for every repository.
+    # Every split folder's theorems find a repository (a file only another split folder has goes to `other`).
+    names = sorted({repository(t["file_path"]) for theorems in located.values() for t in theorems})
     parts: dict[tuple[str, str], dict[str, list]] = {}
-    for split in splits:
-        for part in SPLIT_FILES:
-            by_repository: dict[str, list] = {name: [] for name in names}
-            for t in _read_located(dataset / split / f"{part}.json"):
-                if repository(t["file_path"]) in by_repository:
-                    by_repository[repository(t["file_path"])].append(t)
-            parts[split, part] = by_repository
+    for key, theorems in located.items():
+        by_repository: dict[str, list] = {name: [] for name in names}
+        for t in theorems:
+            by_repository[repository(t["file_path"])].append(t)
+        parts[key] = by_repository
+    fingerprint = _source_fingerprint(dataset, splits, reference, min_theorems)
     out: dict[str, Path] = {}
-    for name in names:
-        slug = name.replace("/", "-").lower()
+    for name, slug in _unique_slugs(names).items():
         target = out_root / slug
-        if (target / "done.json").is_file():
+        done = target / "done.json"
+        if done.is_file() and _read_done(done) == {"folder": name, "fingerprint": fingerprint}:
             out[slug] = target
             continue
         if target.exists():
             shutil.rmtree(target)
         target.mkdir(parents=True)
         atomic_write(target / "corpus.jsonl", lambda tmp: shutil.copyfile(dataset / "corpus.jsonl", tmp))
-        for (split, part), by_repository in parts.items():
-            write_json(target / split / f"{part}.json", by_repository[name])
-        write_json(target / "done.json", {"source": str(dataset), "folder": name, "min_theorems": min_theorems})
+        for (split_folder, part), by_repository in parts.items():
+            write_json(target / split_folder / f"{part}.json", by_repository[name])
+        write_json(done, {"source": str(dataset), "folder": name, "min_theorems": min_theorems,
+                          "reference_split": reference, "fingerprint": fingerprint})
         out[slug] = target
     return out
+
+
+def _read_done(path: Path) -> dict[str, str] | None:
+    """A finished split's folder and source fingerprint; None for an unreadable or older record (split again)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return {"folder": record["folder"], "fingerprint": record["fingerprint"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
@@ -172,4 +224,4 @@ def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None =
         found = _split_folders(dataset)
         raise LeanAgentError(f"split: {dataset} has no split folder {split!r} with a train.json"
                              + (f" (it has {', '.join(found)})" if found else ""))
-    return split_bundled(dataset, work_dir / "repositories", spec.min_theorems)
+    return split_bundled(dataset, work_dir / "repositories", spec.min_theorems, split)

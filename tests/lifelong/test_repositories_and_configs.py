@@ -47,6 +47,67 @@ def test_a_copy_stopped_halfway_leaves_no_short_corpus_and_the_rerun_completes(t
     assert all((path / "corpus.jsonl").read_bytes() == (BUNDLED / "corpus.jsonl").read_bytes() for path in repos.values())
 
 
+def test_an_edited_bundled_dataset_is_split_again_not_reused(tmp_path):
+    """The split was reused whatever the dataset held by then: a fixed or shortened train.json changed nothing."""
+    import shutil
+
+    source = tmp_path / "batteries"
+    shutil.copytree(BUNDLED, source)
+    first = split_bundled(source, tmp_path / "out", min_theorems=200, split="random")
+    train = json.loads((source / "random" / "train.json").read_text())
+    in_list = [k for k, t in enumerate(train) if t["file_path"].startswith("Batteries/Data/List/")]
+    kept = [t for k, t in enumerate(train) if k not in in_list[:10]]  # ten theorems fewer, the same repositories
+    (source / "random" / "train.json").write_text(json.dumps(kept))
+    again = split_bundled(source, tmp_path / "out", min_theorems=200, split="random")
+    assert sorted(again) == sorted(first)
+    assert len(json.loads((again["data-list"] / "random" / "train.json").read_text())) == len(in_list) - 10
+    pieces = [t["full_name"] for path in again.values() for t in json.loads((path / "random" / "train.json").read_text())]
+    assert sorted(pieces) == sorted(t["full_name"] for t in kept)
+
+
+def test_an_extra_split_folder_neither_changes_the_repositories_nor_loses_theorems(tmp_path):
+    """Folders were counted in the first split folder by name: a subset in `aaa/` made 5 repositories 1."""
+    import shutil
+
+    source = tmp_path / "batteries"
+    shutil.copytree(BUNDLED, source)
+    subset = [t for t in json.loads((source / "random" / "train.json").read_text())
+              if t["file_path"].startswith("Batteries/Data/List/")][:300]
+    (source / "aaa").mkdir()
+    for part, theorems in (("train", subset), ("val", []), ("test", [])):
+        (source / "aaa" / f"{part}.json").write_text(json.dumps(theorems))
+    repos = split_bundled(source, tmp_path / "out", min_theorems=200, split="random")
+    assert sorted(repos) == sorted(split_bundled(BUNDLED, tmp_path / "plain", min_theorems=200, split="random"))
+    pieces = [t for path in repos.values() for t in json.loads((path / "aaa" / "train.json").read_text())]
+    assert len(pieces) == len(subset)
+
+
+def test_two_folders_with_one_slug_get_two_repositories(tmp_path):
+    """`A/B` and `A-B` both became `a-b`: the second overwrote nothing but was reused, and its theorems vanished."""
+    corpus = [{"path": p, "imports": [], "premises": []} for p in ("P/A/B/x.lean", "P/A-B/y.lean")]
+    theorems = [theorem("P/A/B/x.lean", "ab1", 1, []), theorem("P/A/B/x.lean", "ab2", 2, []),
+                theorem("P/A-B/y.lean", "dash1", 1, []), theorem("P/A-B/y.lean", "dash2", 2, [])]
+    root = write_dataset(tmp_path / "d", corpus, {"train": theorems})
+    repos = split_bundled(root, tmp_path / "out", min_theorems=2)
+    names = {slug: sorted(t["full_name"] for t in json.loads((path / "random" / "train.json").read_text()))
+             for slug, path in repos.items()}
+    assert names == {"a-b": ["dash1", "dash2"], "a-b-2": ["ab1", "ab2"]}
+
+
+def test_a_damaged_bundled_theorem_is_named_in_the_users_file(tmp_path):
+    """It was named in the repository copy under output_dir, at its index there, a folder removed on the way out."""
+    import shutil
+
+    source = tmp_path / "batteries"
+    shutil.copytree(BUNDLED, source)
+    train = json.loads((source / "random" / "train.json").read_text())
+    train[5]["traced_tactics"] = None
+    (source / "random" / "train.json").write_text(json.dumps(train))
+    with pytest.raises(LeanAgentError, match=rf"^{source / 'random' / 'train.json'}: theorem #5 "):
+        split_bundled(source, tmp_path / "out", min_theorems=200, split="random")
+    assert not (tmp_path / "out").exists()
+
+
 def test_small_folders_pool_into_other(tmp_path):
     corpus = [{"path": p, "imports": [], "premises": []} for p in ("P/A/x.lean", "P/A/y.lean", "P/B/z.lean", "P/top.lean")]
     theorems = [theorem("P/A/x.lean", "a1", 1, [tactic("s", [])]), theorem("P/A/y.lean", "a2", 1, []),
