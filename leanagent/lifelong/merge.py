@@ -228,11 +228,14 @@ def _split_names(split: str | Sequence[str]) -> list[str]:
 
 def _check_replaceable(out_dir: Path) -> None:
     """`overwrite` replaces an earlier merge, nothing else: not a file, not a folder without a corpus (such as
-    `data/` or the project itself), not the folder the command runs in."""
+    `data/` or the project itself), not a dataset that no merge wrote, not the folder the command runs in."""
     if not out_dir.is_dir():
         raise LeanAgentError(f"output folder {out_dir} is a file: write the merge elsewhere")
     if not (out_dir / "corpus.jsonl").is_file():
         raise LeanAgentError(f"output folder {out_dir} is not a dataset (no corpus.jsonl): overwrite replaces only an earlier merge")
+    if not (out_dir / "merged_from.json").is_file():  # a dataset of its own (metadata, other splits): not ours to delete
+        raise LeanAgentError(f"output folder {out_dir} is a dataset but not a merge (no merged_from.json): "
+                             "overwrite replaces only an earlier merge; write the merge elsewhere")
     if out_dir.resolve() in (Path.cwd(), *Path.cwd().parents):
         raise LeanAgentError(f"output folder {out_dir} holds the current folder: write the merge elsewhere")
 

@@ -279,6 +279,13 @@ def test_overwrite_replaces_only_an_earlier_merge(sources, tmp_path, monkeypatch
     (plain / "notes.txt").write_text("keep")
     with pytest.raises(LeanAgentError, match="is not a dataset"):
         merge_datasets(sources, plain, split="random", overwrite=True)
+    dataset = tmp_path / "dataset"  # a dataset of its own (not one of the sources): replacing it lost its other files
+    shutil.copytree(sources[0], dataset)
+    (dataset / "metadata.json").write_text("{}")
+    before = sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*"))
+    with pytest.raises(LeanAgentError, match="is a dataset but not a merge"):
+        merge_datasets(sources, dataset, split="random", overwrite=True)
+    assert sorted(str(p.relative_to(dataset)) for p in dataset.rglob("*")) == before
     out = tmp_path / "merged"
     merge_datasets(sources, out, split="random")
     monkeypatch.chdir(out)
@@ -289,7 +296,7 @@ def test_overwrite_replaces_only_an_earlier_merge(sources, tmp_path, monkeypatch
         merge_datasets(sources, tmp_path / "afile" / "out", split="random")
     assert (src / "notes.txt").read_text() == "keep" and all(s.is_dir() for s in sources)
     assert sorted(p.name for p in plain.iterdir()) == ["notes.txt"]
-    assert leftovers(tmp_path) == ["afile", "merged", "plain", "src"]
+    assert leftovers(tmp_path) == ["afile", "dataset", "merged", "plain", "src"]
 
 
 def test_split_selection(sources, tmp_path):
