@@ -48,10 +48,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leanagent.corpus.corpus import premise_fields, skipped_premise
+from leanagent.corpus.corpus import Corpus, premise_fields, skipped_premise
 from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.corpus.provenance import write_manifest
-from leanagent.corpus.tactics import read_theorems
+from leanagent.corpus.tactics import read_theorems, tactic_states
 from leanagent.errors import LeanAgentError
 from leanagent.io import atomic_open, folder_lock, iter_jsonl, temporary_names, write_json
 
@@ -203,6 +203,23 @@ def _merge_split(sources: list[Path], split: str) -> tuple[dict[str, list[dict]]
     return out, moved
 
 
+def _check_theorems(sources: list[Path], splits: list[str], merged_corpus: Path) -> None:
+    """Every source theorem as a fit of the merge will read it (its file in the merged corpus, its tactics
+    well formed), so that an error names the source file and the theorem's index there, not the merge."""
+    read = {path: read_theorems(path) for src in sources for name in splits
+            for path in (src / name / f"{part}.json" for part in SPLIT_FILES)}
+    if not any(read.values()):
+        return
+    label = "the merged corpus of " + ", ".join(str(src) for src in sources)
+    try:
+        corpus = Corpus.from_jsonl(merged_corpus)
+    except LeanAgentError as e:  # not the temporary file's name: it is gone once the merge is refused
+        raise LeanAgentError(str(e).replace(str(merged_corpus), label)) from None
+    corpus.source = label
+    for path, theorems in read.items():
+        tactic_states(theorems, corpus, path)
+
+
 def _source_files(sources: list[Path], splits: list[str]) -> list[Path]:
     """Every file the merge reads, for its manifest."""
     return [src / "corpus.jsonl" for src in sources] + [
@@ -321,6 +338,7 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
         with atomic_open(tmp / "corpus.jsonl", "w", encoding="utf-8") as f:
             for path in order:
                 f.write(json.dumps(_merged_record(files[path]), ensure_ascii=False) + "\n")
+        _check_theorems(sources, splits, tmp / "corpus.jsonl")
         for name, parts in theorems.items():
             for part, thms in parts.items():
                 write_json(tmp / name / f"{part}.json", thms)

@@ -167,6 +167,23 @@ def test_import_dag_is_valid_and_topological(tmp_path):
         assert all(order.index(i) < order.index(f["path"]) for i in f["imports"])
 
 
+@pytest.mark.parametrize("damage, message", [
+    (lambda t: t.update(file_path="Nowhere.lean"), r"theorem \[0\] 'Leak': its file 'Nowhere.lean' is not in the corpus "
+                                                   r"the merged corpus of "),
+    (lambda t: t.update(traced_tactics=None), r"theorem \[0\] 'Leak'.*traced_tactics"),
+], ids=["file-not-in-corpus", "tactics-null"])
+def test_a_theorem_a_fit_would_refuse_is_refused_naming_its_source(sources, tmp_path, damage, message):
+    """Only corpus records were checked: the merge wrote it, and the fit named the merged file instead."""
+    path = sources[1] / "random" / "train.json"
+    theorems = json.loads(path.read_text())
+    damage(theorems[0])
+    path.write_text(json.dumps(theorems))
+    before = leftovers(tmp_path)
+    with pytest.raises(LeanAgentError, match=rf"^{path}: {message}"):
+        merge_datasets(sources, tmp_path / "out", split="random")
+    assert leftovers(tmp_path) == before
+
+
 def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
