@@ -174,6 +174,13 @@ def _topological_order(files: dict[str, _File]) -> list[str]:
         ) from None
 
 
+def check_mergeable(sources: list[Path]) -> None:
+    """The corpora of all `sources` merge (no import cycle, no import that none of them holds): a merge_all run
+    checks it before its first stage, since its last stage merges them all. Earlier stages merge fewer: a
+    cycle there is one here too."""
+    _topological_order(_read_corpora(sources))
+
+
 def _merged_record(f: _File) -> dict[str, Any]:
     if not f.rebuild:
         return f.record

@@ -29,7 +29,7 @@ from leanagent.io import ensure_writable, folder_lock, missing_folders, read_jso
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.handover import handover_checkpoint
-from leanagent.lifelong.merge import merge_datasets
+from leanagent.lifelong.merge import check_mergeable, merge_datasets
 from leanagent.lifelong.report import check_state_shape, write_report
 from leanagent.lifelong.repositories import check_splits, resolve_repositories
 from leanagent.lifelong.settings import LifelongSettings, check_settings, config_list, settings_fingerprint
@@ -240,6 +240,8 @@ class LifelongRun:
         s = self.settings
         repos = {name: path.resolve() for name, path in resolve_repositories(s.repositories, self.out, s.split).items()}
         splits = check_splits(repos, s.split, train_alone=s.construction == "single_repo")
+        if s.construction == "merge_all":  # a cycle across repositories: refused now, not after stages have trained
+            check_mergeable(list(repos.values()))
         order = repository_order(s, repos, splits)
         state = self._load_state(order)
         if state["stages"]:

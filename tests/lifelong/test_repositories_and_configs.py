@@ -321,6 +321,24 @@ def _two_repositories(root: Path) -> Repositories:
     return Repositories(data_root=str(root), names=["one", "two"], bundled=None)
 
 
+def test_an_import_cycle_across_repositories_is_refused_before_stage_0_of_a_merge_all_run(tmp_path):
+    """Each repository alone is fine; merged, B and C import each other. The first merge that saw it was a later
+    stage's, after stage 0 had trained and been evaluated (hours into a real run)."""
+    from leanagent.lifelong.runner import LifelongRun
+    from leanagent.lifelong.settings import LifelongSettings
+
+    traced = lambda path: [theorem(path, f"t-{path}", 5, [tactic("s", [(path, "p")])])]
+    for name, (importer, imported) in (("one", ("C.lean", "B.lean")), ("two", ("B.lean", "C.lean"))):
+        corpus = [{"path": imported, "imports": [], "premises": [premise("p", 1, 2)]},
+                  {"path": importer, "imports": [imported], "premises": [premise("p", 1, 2)]}]
+        write_dataset(tmp_path / "data" / name, corpus, {part: traced(importer) for part in ("train", "val", "test")})
+    spec = Repositories(data_root=str(tmp_path / "data"), names=["one", "two"], bundled=None)
+    out = tmp_path / "out"
+    with pytest.raises(LeanAgentError, match=r"corpus\.jsonl:\d+: import cycle in merged corpus: "):
+        LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec, order="given", construction="merge_all")).run()
+    assert not out.exists()  # no stage ran
+
+
 @pytest.mark.parametrize(
     "state, fragment",
     [([], "a list, not an object"), ({"order": ["one", "two"]}, "'stages' and 'order' must be lists"),
