@@ -70,6 +70,8 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
         value = checkpoint.get(key)
         if key in checkpoint and (not isinstance(value, kind) or isinstance(value, bool)):
             raise LeanAgentError(f"{what}: {p}: '{key}' is a {type(value).__name__}, not a {kind.__name__}")
+        if kind is int and key in checkpoint and value < 0:  # an edited file: resuming would misread its plan
+            raise LeanAgentError(f"{what}: {p}: '{key}' is {value}; Lightning saves a count from 0 (a damaged or edited checkpoint)")
     return checkpoint
 
 

@@ -342,15 +342,17 @@ def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy
     [
         ({"hyper_parameters": "oops"}, "validate", "'hyper_parameters' is a str, not a dict"),
         ({"epoch": "abc"}, "validate", "'epoch' is a str, not a int"),
+        ({"epoch": -5}, "fit", "'epoch' is -5; Lightning saves a count from 0"),
+        ({"global_step": -3}, "fit", "'global_step' is -3; Lightning saves a count from 0"),
         ({"optimizer_states": []}, "fit", "holds no optimizer state"),
         ({"state_dict": "nan"}, "validate", "holds NaN or infinite values"),
         ({"optimizer_states": [{"state": {}, "param_groups": []}]}, "fit", "holds no training loop state"),
     ],
-    ids=["hparams-str", "epoch-str", "no-optimizer-state", "nan-weights", "no-loops"],
+    ids=["hparams-str", "epoch-str", "epoch-negative", "step-negative", "no-optimizer-state", "nan-weights", "no-loops"],
 )
 def test_checkpoints_with_damaged_structure_are_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint, change, command, fragment):
     """Tracebacks before: a dict() of a string, an int() of 'abc', a resume that restored no optimizer, EarlyStopping's
-    'metric not available' for a checkpoint without loops."""
+    'metric not available' for a checkpoint without loops; a negative epoch was explained as a max_epochs of -1."""
     checkpoint = torch.load(retriever_checkpoint, weights_only=True)
     if change.get("state_dict") == "nan":
         change = {"state_dict": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in checkpoint["state_dict"].items()}}
