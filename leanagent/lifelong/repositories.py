@@ -100,6 +100,8 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int, split: str |
     reference = _reference_split(splits, split)
     if split is not None:
         _check_source(dataset, reference)
+    # Another split folder that lacks val or test is left out, not an error in a run that never reads it.
+    splits = [s for s in splits if s == reference or all((dataset / s / f"{part}.json").is_file() for part in SPLIT_FILES)]
     located = {(s, part): _read_located(dataset / s / f"{part}.json") for s in splits for part in SPLIT_FILES}
     paths = [t["file_path"] for part in SPLIT_FILES for t in located[reference, part]]
     deep = Counter(_folder(p, 2) for p in paths)

@@ -66,7 +66,8 @@ def test_an_edited_bundled_dataset_is_split_again_not_reused(tmp_path):
 
 
 def test_an_extra_split_folder_neither_changes_the_repositories_nor_loses_theorems(tmp_path):
-    """Folders were counted in the first split folder by name: a subset in `aaa/` made 5 repositories 1."""
+    """Folders were counted in the first split folder by name: a subset in `aaa/` made 5 repositories 1. A split
+    folder without val.json stopped a run that reads another."""
     import shutil
 
     source = tmp_path / "batteries"
@@ -76,10 +77,12 @@ def test_an_extra_split_folder_neither_changes_the_repositories_nor_loses_theore
     (source / "aaa").mkdir()
     for part, theorems in (("train", subset), ("val", []), ("test", [])):
         (source / "aaa" / f"{part}.json").write_text(json.dumps(theorems))
+    (source / "novel_premises" / "val.json").unlink()  # a split folder the run does not read, damaged
     repos = split_bundled(source, tmp_path / "out", min_theorems=200, split="random")
     assert sorted(repos) == sorted(split_bundled(BUNDLED, tmp_path / "plain", min_theorems=200, split="random"))
     pieces = [t for path in repos.values() for t in json.loads((path / "aaa" / "train.json").read_text())]
     assert len(pieces) == len(subset)
+    assert not any((path / "novel_premises").exists() for path in repos.values())
 
 
 def test_two_folders_with_one_slug_get_two_repositories(tmp_path):
