@@ -205,6 +205,17 @@ def _processes_working_in(folder: Path) -> list[int]:
     return found
 
 
+def paused_validate_on_two_ranks(dataset: Path, trained_run: tuple[Path, str], ready: Path, *extra: str) -> list[str]:
+    """`validate` of the trained run's checkpoint on 2 ranks; rank 0 touches `ready` in its first batch and sleeps
+    there (tests.helpers.PauseInEvaluation) while rank 1 goes on to wait for it in a collective."""
+    checkpoint = trained_run[0] / "checkpoints" / "retrieval" / "last.ckpt"
+    return ["validate", "--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=2",
+            "--trainer.precision=32-true", f"--data.data_path={dataset / 'random'}",
+            f"--data.corpus_path={dataset / 'corpus.jsonl'}", "--data.max_seq_len=64",
+            "--trainer.callbacks+=tests.helpers.PauseInEvaluation", f"--trainer.callbacks.ready={ready}", *extra,
+            f"--ckpt_path={checkpoint}"]
+
+
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/cwd"), reason="needs Linux's /proc to find the ranks left")
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_a_signal_to_rank_0_alone_outside_training_stops_the_ranks_it_spawned(tmp_path, mini_dataset, trained_run,
@@ -212,13 +223,8 @@ def test_a_signal_to_rank_0_alone_outside_training_stops_the_ranks_it_spawned(tm
     """`kill -INT PID`, an IDE's stop button or a parent process reach rank 0 alone. Lightning passes SIGTERM on to
     the ranks it spawned, not SIGINT: rank 0 left at once, and rank 1, waiting for it in a collective, failed
     there afterwards with a "no lost rank was found" line and a collective error of its own."""
-    folder, _ = trained_run
     ready = tmp_path / "evaluating"
-    args = ["validate", "--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=2",
-            "--trainer.precision=32-true", f"--data.data_path={mini_dataset / 'random'}",
-            f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}", "--data.max_seq_len=64",
-            "--trainer.callbacks+=tests.helpers.PauseInEvaluation", f"--trainer.callbacks.ready={ready}",
-            f"--ckpt_path={folder / 'checkpoints' / 'retrieval' / 'last.ckpt'}"]
+    args = paused_validate_on_two_ranks(mini_dataset, trained_run, ready)
     returncode, _ = signal_when_ready([sys.executable, str(REPO / "main.py"), *args], tmp_path, ready, signal_name,
                                       to_group=False, wait=300)
     left = _processes_working_in(tmp_path)
@@ -239,13 +245,8 @@ def test_a_signal_to_rank_0_alone_outside_training_stops_the_ranks_it_spawned(tm
 def test_a_signal_to_another_rank_alone_outside_training_is_named_as_that_stop(tmp_path, mini_dataset, trained_run):
     """`kill PID` on rank 1: it stops at once, silent as every rank but 0 is; rank 0's next collective then failed
     with "no lost rank was found" and exit 4, as if a rank had died."""
-    folder, _ = trained_run
     ready = tmp_path / "evaluating"
-    args = ["validate", "--config", RETRIEVAL, "--trainer.accelerator=cpu", "--trainer.devices=2",
-            "--trainer.precision=32-true", f"--data.data_path={mini_dataset / 'random'}",
-            f"--data.corpus_path={mini_dataset / 'corpus.jsonl'}", "--data.max_seq_len=64",
-            "--trainer.callbacks+=tests.helpers.PauseInEvaluation", f"--trainer.callbacks.ready={ready}",
-            "--trainer.callbacks.seconds=5", f"--ckpt_path={folder / 'checkpoints' / 'retrieval' / 'last.ckpt'}"]
+    args = paused_validate_on_two_ranks(mini_dataset, trained_run, ready, "--trainer.callbacks.seconds=5")
     errors = tmp_path / "stderr.txt"
     with open(errors, "w") as err:
         process = subprocess.Popen([sys.executable, str(REPO / "main.py"), *args], cwd=tmp_path, env=launch_env(),
