@@ -136,7 +136,8 @@ def test_rank_0_passes_its_signal_on_and_kills_ranks_that_do_not_stop(monkeypatc
     after the grace; neither is reported lost, and the observer no longer ends rank 0 for them."""
     ignoring = "import signal, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print(flush=True); time.sleep(60)"
     stopping = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
-                                stdout=subprocess.PIPE)
+                                stdout=subprocess.PIPE,  # as in a terminal: pytest-xdist's workers ignore SIGINT
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deaf = subprocess.Popen([sys.executable, "-c", ignoring], stdout=subprocess.PIPE)
     try:
         for child in (stopping, deaf):
@@ -149,7 +150,7 @@ def test_rank_0_passes_its_signal_on_and_kills_ranks_that_do_not_stop(monkeypatc
         started = time.monotonic()
         rank_observer.pass_on_signal(signal.SIGINT, grace_s=1.0)
         assert time.monotonic() - started < 10
-        assert stopping.poll() is not None and stopping.returncode != -signal.SIGKILL  # stopped by the signal itself
+        assert stopping.wait(timeout=10) != -signal.SIGKILL  # stopped by the signal itself, not killed
         assert deaf.wait(timeout=10) == -signal.SIGKILL
         assert observer.check() is True and exits == [] and not observer.named
         assert "lost" not in capsys.readouterr().err
