@@ -188,14 +188,13 @@ def _merged_record(f: _File) -> dict[str, Any]:
     return {**f.record, "imports": f.imports, "premises": premises}
 
 
-def _merge_split(sources: list[Path], split: str) -> tuple[dict[str, list[dict]], int]:
-    """Theorem lists of one split folder, and how many theorems were kept out of train."""
+def _merge_split(sources: list[Path], split: str, read: dict[Path, list]) -> tuple[dict[str, list[dict]], int]:
+    """Theorem lists of one split folder (its files' theorems in `read`), and how many were kept out of train."""
     best: dict[tuple[str, str], list] = {}
     for src in sources:
         for part in SPLIT_FILES:
             path = src / split / f"{part}.json"
-            theorems = read_theorems(path)
-            for k, thm in enumerate(theorems):
+            for k, thm in enumerate(read[path]):
                 if not isinstance(thm, dict) or not all(
                     isinstance(thm.get(key), str) for key in ("file_path", "full_name")
                 ):
@@ -210,11 +209,9 @@ def _merge_split(sources: list[Path], split: str) -> tuple[dict[str, list[dict]]
     return out, moved
 
 
-def _check_theorems(sources: list[Path], splits: list[str], merged_corpus: Path) -> None:
-    """Every source theorem as a fit of the merge will read it (its file in the merged corpus, its tactics
-    well formed), so that an error names the source file and the theorem's index there, not the merge."""
-    read = {path: read_theorems(path) for src in sources for name in splits
-            for path in (src / name / f"{part}.json" for part in SPLIT_FILES)}
+def _check_theorems(sources: list[Path], read: dict[Path, list], merged_corpus: Path) -> None:
+    """Every source theorem (`read`: split file -> its theorems) as a fit of the merge will read it (its file in
+    the merged corpus, its tactics well formed), so that an error names the source file and its index there."""
     if not any(read.values()):
         return
     label = "the merged corpus of " + ", ".join(str(src) for src in sources)
@@ -227,10 +224,13 @@ def _check_theorems(sources: list[Path], splits: list[str], merged_corpus: Path)
         tactic_states(theorems, corpus, path)
 
 
+def _split_files(sources: list[Path], splits: list[str]) -> list[Path]:
+    return [src / name / f"{part}.json" for src in sources for name in splits for part in SPLIT_FILES]
+
+
 def _source_files(sources: list[Path], splits: list[str]) -> list[Path]:
     """Every file the merge reads, for its manifest."""
-    return [src / "corpus.jsonl" for src in sources] + [
-        src / name / f"{part}.json" for src in sources for name in splits for part in SPLIT_FILES]
+    return [src / "corpus.jsonl" for src in sources] + _split_files(sources, splits)
 
 
 def _open_permissions(root: Path) -> None:
@@ -331,10 +331,11 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
     files = _read_corpora(sources)
     order = _topological_order(files)
     _warn_differing(files)
+    read = {path: read_theorems(path) for path in _split_files(sources, splits)}  # once, for the merge and its check
     theorems = {}
     kept_out = {}
     for name in splits:
-        theorems[name], kept_out[name] = _merge_split(sources, name)
+        theorems[name], kept_out[name] = _merge_split(sources, name, read)
 
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -345,7 +346,7 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
         with atomic_open(tmp / "corpus.jsonl", "w", encoding="utf-8") as f:
             for path in order:
                 f.write(json.dumps(_merged_record(files[path]), ensure_ascii=False) + "\n")
-        _check_theorems(sources, splits, tmp / "corpus.jsonl")
+        _check_theorems(sources, read, tmp / "corpus.jsonl")
         for name, parts in theorems.items():
             for part, thms in parts.items():
                 write_json(tmp / name / f"{part}.json", thms)
