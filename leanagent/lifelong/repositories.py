@@ -82,13 +82,15 @@ def _source_fingerprint(dataset: Path, splits: list[str], reference: str, min_th
     return digest.hexdigest()
 
 
-def _check_source(dataset: Path, split: str) -> None:
-    """The run's split of the bundled dataset, checked as a fit reads it, before it is split: an error names the
-    user's file and its theorem's index there, not a copy under output_dir that a refused run removes."""
-    theorems = read_splits(str(dataset), dataset, split)
+def _check_source(dataset: Path, split: str, theorems: dict[str, list]) -> None:
+    """The run's split of the bundled dataset (`theorems`, as read), checked as a fit reads it, before it is split:
+    an error names the user's file and its theorem's index there, not a copy under output_dir that a refused run
+    removes."""
     corpus = Corpus.from_jsonl(dataset / "corpus.jsonl")
     for part in SPLIT_FILES:
-        tactic_states(theorems[part], corpus, dataset / split / f"{part}.json")
+        path = dataset / split / f"{part}.json"
+        _require_tactic_lists(theorems[part], path)
+        tactic_states(theorems[part], corpus, path)
 
 
 def split_bundled(dataset: Path, out_root: Path, min_theorems: int, split: str | None = None) -> dict[str, Path]:
@@ -98,11 +100,11 @@ def split_bundled(dataset: Path, out_root: Path, min_theorems: int, split: str |
     if not splits:
         raise LeanAgentError(f"{dataset}: no split folder with train.json")
     reference = _reference_split(splits, split)
-    if split is not None:
-        _check_source(dataset, reference)
     # Another split folder that lacks val or test is left out, not an error in a run that never reads it.
     splits = [s for s in splits if s == reference or all((dataset / s / f"{part}.json").is_file() for part in SPLIT_FILES)]
     located = {(s, part): _read_located(dataset / s / f"{part}.json") for s in splits for part in SPLIT_FILES}
+    if split is not None:
+        _check_source(dataset, reference, {part: located[reference, part] for part in SPLIT_FILES})
     paths = [t["file_path"] for part in SPLIT_FILES for t in located[reference, part]]
     deep = Counter(_folder(p, 2) for p in paths)
     is_deep = lambda path: bool(_folder(path, 2)) and deep[_folder(path, 2)] >= min_theorems
@@ -160,14 +162,17 @@ def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
     out = {}
     for part in SPLIT_FILES:
         path = root / split / f"{part}.json"
-        theorems = read_theorems(path)
-        for k, thm in enumerate(theorems):
-            tactics = thm.get("traced_tactics") if isinstance(thm, dict) else None
-            if not isinstance(tactics, list) or not all(isinstance(t, dict) for t in tactics):
-                label = thm.get("full_name", "?") if isinstance(thm, dict) else "?"
-                raise LeanAgentError(f"{path}: theorem #{k} ({label}): 'traced_tactics' must be a list of tactic objects")
-        out[part] = theorems
+        out[part] = read_theorems(path)
+        _require_tactic_lists(out[part], path)
     return out
+
+
+def _require_tactic_lists(theorems: list, path: Path) -> None:
+    for k, thm in enumerate(theorems):
+        tactics = thm.get("traced_tactics") if isinstance(thm, dict) else None
+        if not isinstance(tactics, list) or not all(isinstance(t, dict) for t in tactics):
+            label = thm.get("full_name", "?") if isinstance(thm, dict) else "?"
+            raise LeanAgentError(f"{path}: theorem #{k} ({label}): 'traced_tactics' must be a list of tactic objects")
 
 
 def check_splits(repos: dict[str, Path], split: str, train_alone: bool = True) -> dict[str, dict[str, list[dict]]]:
