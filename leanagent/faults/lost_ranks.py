@@ -62,9 +62,9 @@ def report_stopped_rank(folder: Path | None, exclude: int | None = None) -> int 
         return None
     for rank, record in read_heartbeats(folder).items():
         final = str(record.get("state", ""))
-        if rank == exclude or not final.startswith(STOPPED_BY) or final[len(STOPPED_BY):] not in signal.Signals.__members__:
+        name = final.removeprefix(STOPPED_BY)
+        if rank == exclude or name == final or name not in signal.Signals.__members__:
             continue
-        name = final[len(STOPPED_BY):]
         if claim(folder, f"stopped-rank{rank}.claim"):
             print_line(f"error: rank {rank} (pid {record.get('pid', '?')}) stopped on {name}; the other ranks stop "
                        "with it; run the same command again")
