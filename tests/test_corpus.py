@@ -62,6 +62,7 @@ def test_locate_by_name_then_by_position(tmp_path):
         ([{"path": "A.lean", "imports": ["B.lean"], "premises": []}, {"path": "B.lean", "imports": ["A.lean"], "premises": []}], "import cycle: A.lean -> B.lean -> A.lean"),
         ([{"path": "A.lean", "imports": [], "premises": []}, {"path": "A.lean", "imports": [], "premises": []}], ":2: file 'A.lean' already listed on line 1"),
         ([{"path": "A.lean", "premises": []}], ":1: missing field 'imports'"),
+        ([{"path": "", "imports": [], "premises": []}], ":1: field 'path' is empty"),
         ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "theorem x : True", "start": [1, 1]}]}], "premises[0]: missing field 'end'"),
         ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "theorem x : True", "start": [1], "end": [2, 1]}]}], "premises[0].start: expected a position"),
         ([{"path": "A.lean", "imports": [], "premises": [{"full_name": "x", "code": "theorem x : True", "start": [23, 19], "end": [20, 1]}]}], "premises[0].end: [20, 1] is before its start [23, 19]"),

@@ -158,6 +158,8 @@ class Corpus:
         for lineno, record in iter_jsonl(path):
             where = f"{path}:{lineno}"
             file_path = _field(record, "path", str, where)
+            if not file_path:  # no theorem or import can name it; merge refuses it the same way
+                raise LeanAgentError(f"{where}: field 'path' is empty")
             file_imports = _field(record, "imports", list, where)
             premises = _field(record, "premises", list, where)
             if file_path in seen:
