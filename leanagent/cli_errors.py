@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from leanagent.errors import DISK_ERRNOS, LeanAgentError, write_failed
+from leanagent.io import broken_link
 
 # Configs that overlays replaced: what to give instead (shown when the old path no longer exists).
 REPLACED_CONFIGS = {
@@ -144,7 +145,9 @@ def summarize_parse_error(message: str, argv: list[str]) -> str:
                 return f"{path}: cannot read the config ({e})"
     missing = re.match(r'Parser key "config": (.+)', message)
     if missing:  # a --config that names no file: "File does not exist: 'x.yaml'", "Path is not a file: 'dir'"
-        return f"--config: {missing.group(1).strip()}"
+        named = re.search(r"'(.+)'", missing.group(1))
+        link = broken_link(named.group(1)) if named else None
+        return f"--config: {named.group(1)} {link}" if named and link else f"--config: {missing.group(1).strip()}"
     if message.startswith("Unexpected config"):  # a file that parses to no mapping of settings
         for path in configs:
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import errno
 import hashlib
 import json
 import logging
@@ -59,6 +60,19 @@ def folder_lock(folder: Path, what: str, busy: str | None = None) -> Iterator[No
         os.close(fd)  # releases the lock
 
 
+def broken_link(path: str | os.PathLike) -> str | None:
+    """Why a path that names nothing is more than missing (a symbolic link loop, a link whose target is gone),
+    or None: "not found" would send the user looking for a file they can see."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "is a symbolic link loop"
+        if os.path.islink(path):
+            return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+    return None
+
+
 def require_file(path: str | os.PathLike, what: str) -> Path:
     """Fail early, naming the setting, instead of deep inside a loader."""
     p = Path(path)
@@ -67,6 +81,8 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     if not p.is_file():
         if p.exists():  # a device, a pipe: nothing a loader can read twice
             raise LeanAgentError(f"{what}: {p} is not a regular file")
+        if (link := broken_link(p)) is not None:
+            raise LeanAgentError(f"{what}: {p} {link}")
         raise LeanAgentError(f"{what} not found: {p}")
     return p
 

@@ -36,7 +36,7 @@ from leanagent.data.token_store import TokenTable, corpus_code_version, source_k
 from leanagent.models.data_contract import OrdersTraining, Ranker, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
 from leanagent.errors import LeanAgentError
-from leanagent.io import read_bytes, require_file
+from leanagent.io import broken_link, read_bytes, require_file
 from leanagent.retrieval.bm25 import BM25Index
 
 log = logging.getLogger("leanagent")
@@ -131,6 +131,8 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         self.data_path = Path(data_path)
         self.corpus_path = require_file(corpus_path, "data.corpus_path")
         if not self.data_path.is_dir():
+            if (link := broken_link(self.data_path)) is not None:
+                raise LeanAgentError(f"data.data_path: {self.data_path} {link}")
             raise LeanAgentError(f"data.data_path is not a folder: {self.data_path}")
         if not any((self.data_path / f"{split}.json").is_file() for split in SPLITS):
             inside = sorted(p.parent.name for p in self.data_path.glob("*/train.json"))

@@ -409,7 +409,7 @@ def test_an_output_folder_on_a_symlink_loop_is_one_error(tmp_path):
 
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
-    with pytest.raises(LeanAgentError, match="loop: cannot resolve the path"):
+    with pytest.raises(LeanAgentError, match="loop is a symbolic link loop"):
         merge_datasets([BUNDLED], loop, split="random")
 
 

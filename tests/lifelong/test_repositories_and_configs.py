@@ -123,8 +123,11 @@ def test_small_folders_pool_into_other(tmp_path):
 
 
 def test_data_root_repositories_must_exist(tmp_path):
-    with pytest.raises(LeanAgentError, match="has no corpus.jsonl"):
+    with pytest.raises(LeanAgentError, match="'missing': .* does not exist"):
         resolve_repositories(Repositories(data_root=str(tmp_path), names=["missing"], bundled=None), tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(LeanAgentError, match="empty has no corpus.jsonl"):
+        resolve_repositories(Repositories(data_root=str(tmp_path), names=["empty"], bundled=None), tmp_path)
 
 
 NO_TRACES = "repository 'bad' has no theorem with traced tactics"
