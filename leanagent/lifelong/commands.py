@@ -20,7 +20,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.io import ensure_writable, write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
 from leanagent.lifelong.report import final_averages
-from leanagent.lifelong.repositories import Repositories, resolve_repositories
+from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories
 from leanagent.lifelong.runner import LifelongRun
 from leanagent.lifelong.settings import EWCSettings, LifelongSettings
 
@@ -149,7 +149,9 @@ def run_curriculum(config: Namespace) -> None:
     settings = lifelong_settings(config)
     ensure_writable(settings.output_dir, "output_dir")  # a bundled dataset's repositories are written there
     repos = resolve_repositories(settings.repositories, Path(settings.output_dir), settings.split)
-    print(format_curriculum(compute_curriculum(repos, settings.split)))
+    # What a lifelong run refuses before its first stage is refused here too: the order shown is one a run takes.
+    theorems = check_splits(repos, settings.split, train_alone=settings.construction == "single_repo")
+    print(format_curriculum(compute_curriculum(repos, settings.split, theorems)))
 
 
 def run_merge(config: Namespace) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -142,7 +143,8 @@ NO_TRACES = "repository 'bad' has no theorem with traced tactics"
      r"traced_tactics\[0\]"),
 ], ids=["val-empty", "val-untraced", "val-premises-outside-the-corpus", "test-premise-below-the-theorem",
         "train-premises-outside-the-corpus", "train-malformed-tactic"])
-def test_a_repository_without_usable_splits_is_refused_before_any_stage(tmp_path, part, content, fragment):
+def test_a_repository_without_usable_splits_is_refused_before_any_stage(tmp_path, capsys, part, content, fragment):
+    from leanagent.cli import main
     from leanagent.lifelong.runner import LifelongRun
     from leanagent.lifelong.settings import LifelongSettings
 
@@ -162,6 +164,12 @@ def test_a_repository_without_usable_splits_is_refused_before_any_stage(tmp_path
     with pytest.raises(LeanAgentError, match=f"bad/random/{part}.json: .*{fragment}"):
         LifelongRun(LifelongSettings(output_dir=str(out), repositories=spec)).run()
     assert not out.exists()  # refused before anything is written
+    with pytest.raises(SystemExit) as stopped:  # the curriculum of a run that would be refused is refused too
+        main(["curriculum", *config_args(["lifelong.yaml"]), f"--repositories.data_root={tmp_path / 'data'}",
+              "--repositories.names=[good, bad]", "--repositories.bundled=null", f"--output_dir={out}"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert stopped.value.code == 2 and len(errors) == 1 and re.search(f"bad/random/{part}.json: .*{fragment}", errors[0]), errors
+    assert not out.exists()
 
 
 LIFELONG_CONFIGS = {"lifelong.yaml": ["lifelong.yaml"], "lifelong_mathlib": ["lifelong.yaml", "recipes/lifelong_mathlib.yaml"]}
