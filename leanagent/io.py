@@ -87,6 +87,14 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     return p
 
 
+def require_folder(path: str | os.PathLike, what: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        link = broken_link(p)
+        raise LeanAgentError(f"{what}: {p} {link}" if link else f"{what} is not a folder: {p}")
+    return p
+
+
 def missing_folders(folder: str | os.PathLike) -> list[Path]:
     """`folder` and those of its parents that do not exist yet, deepest first: what making it creates, so that a
     run that fails can remove it again."""

@@ -49,6 +49,7 @@ def test_negatives_depend_on_seed_epoch_and_index_only(toy_dataset):
         ({"num_negatives": 0}, "num_negatives must be at least 1"),
         ({"batch_size": 0}, "batch_size must be positive"),
         ({"predict_splits": ["dev"]}, "unknown split"),
+        ({"predict_splits": ["val", "test", "val"]}, "data.predict_splits: val given more than once"),
     ],
 )
 def test_inconsistent_settings_are_rejected(toy_dataset, kwargs, message):

@@ -36,7 +36,7 @@ from leanagent.data.token_store import TokenTable, corpus_code_version, source_k
 from leanagent.models.data_contract import OrdersTraining, Ranker, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
 from leanagent.errors import LeanAgentError
-from leanagent.io import broken_link, read_bytes, require_file
+from leanagent.io import read_bytes, require_file, require_folder
 from leanagent.retrieval.bm25 import BM25Index
 
 log = logging.getLogger("leanagent")
@@ -128,12 +128,10 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         unknown = [s for s in predict_splits if s not in SPLITS]
         if unknown:
             raise LeanAgentError(f"data.predict_splits: unknown split(s) {unknown}; choose from {list(SPLITS)}")
-        self.data_path = Path(data_path)
+        if twice := sorted({s for s in predict_splits if predict_splits.count(s) > 1}):
+            raise LeanAgentError(f"data.predict_splits: {', '.join(twice)} given more than once (each is predicted once)")
         self.corpus_path = require_file(corpus_path, "data.corpus_path")
-        if not self.data_path.is_dir():
-            if (link := broken_link(self.data_path)) is not None:
-                raise LeanAgentError(f"data.data_path: {self.data_path} {link}")
-            raise LeanAgentError(f"data.data_path is not a folder: {self.data_path}")
+        self.data_path = require_folder(data_path, "data.data_path")
         if not any((self.data_path / f"{split}.json").is_file() for split in SPLITS):
             inside = sorted(p.parent.name for p in self.data_path.glob("*/train.json"))
             hint = f"; its split folders: {', '.join(inside)}" if inside else ""
