@@ -1,3 +1,4 @@
+import re
 import pytest
 import torch
 
@@ -49,3 +50,24 @@ def test_a_monitored_recall_that_cannot_be_measured_is_refused():
     model.trainer = trainer
     with pytest.raises(LeanAgentError, match="monitors Recall@10_val, but model.num_retrieved is 5"):
         model.setup("fit")
+
+
+@pytest.mark.parametrize("monitor, refused", [
+    ("Recall@10_val/hybird", True), ("recall@10_val", True), ("Recall@10_valid", True), ("ewc_penalty_train_epoch", True),
+    ("Recall@10_val", False), ("Recall@1_val/hybrid", False), ("MRR_val/bm25", False), ("loss_train_epoch", False),
+])
+def test_a_monitor_no_fit_logs_is_refused_before_training(monitor, refused):
+    """Lightning finds a misspelt monitor only when the first validation ends, with a traceback and the epoch lost."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import EarlyStopping
+
+    from leanagent.errors import LeanAgentError
+    from leanagent.models.ranking_eval import check_monitors
+
+    callbacks = [EarlyStopping(monitor=monitor, mode="max"), pl.callbacks.LearningRateMonitor()]
+    if refused:
+        with pytest.raises(LeanAgentError, match=f"EarlyStopping monitors '{re.escape(monitor)}', which this fit does not log"):
+            check_monitors(callbacks, 10)
+    else:
+        check_monitors(callbacks, 10)
+    check_monitors([EarlyStopping(monitor="ewc_penalty_train_epoch")], 10, ewc=True)  # logged when EWC is on

@@ -18,16 +18,28 @@ from leanagent.retrieval.fusion import BASELINE_MODES, HYBRID_GRID, MODE_WEIGHTS
 from leanagent.retrieval.metrics import metric_names, recall_ks, retrieval_metrics
 
 
-def check_monitors(callbacks: Iterable[object], num_retrieved: int) -> None:
-    """Refuse a monitored Recall@k that `num_retrieved` cannot measure, before any training."""
+def check_monitors(callbacks: Iterable[object], num_retrieved: int, ewc: bool = False) -> None:
+    """Refuse, before any training, a monitor that this fit never logs: a misspelt name, or a Recall@k that
+    `num_retrieved` cannot measure. Lightning finds either only when the first validation ends, with a traceback."""
     measured = {f"Recall@{k}" for k in recall_ks(num_retrieved)}
+    val = {f"{name}_val{mode}" for name in metric_names(num_retrieved) for mode in ("", "/bm25", "/hybrid")}
+    val |= {"hybrid_weight_val", "num_evaluated_val", "locality_bias_val"}
+    losses = ["loss_train", "loss_retrieval_train", "ewc_penalty_train"] if ewc else ["loss_train"]
+    logged = val | {f"{loss}_{when}" for loss in losses for when in ("step", "epoch")}
     for callback in callbacks:
         monitor = getattr(callback, "monitor", None)
-        if isinstance(monitor, str) and monitor.startswith("Recall@") and monitor.split("_")[0] not in measured:
+        if not isinstance(monitor, str) or monitor in logged or monitor.startswith("lr-"):  # lr-*: LearningRateMonitor's
+            continue
+        if monitor.startswith("Recall@") and monitor.split("_")[0] not in measured:
             raise LeanAgentError(
                 f"{type(callback).__name__} monitors {monitor}, but model.num_retrieved is {num_retrieved}, "
                 f"so only {', '.join(sorted(measured))} are measured: raise num_retrieved or change the monitor"
             )
+        raise LeanAgentError(
+            f"{type(callback).__name__} monitors {monitor!r}, which this fit does not log: choose one of "
+            f"{', '.join(f'{n}_val' for n in metric_names(num_retrieved))} (the trained dense ranking), the same with "
+            "/bm25 or /hybrid, or loss_train_epoch"
+        )
 
 
 def evaluation_weights(split: str, hybrid_weight: float) -> list[float]:

@@ -238,7 +238,7 @@ class PremiseRetriever(pl.LightningModule):
 
     def setup(self, stage: str) -> None:
         if self.trainer is not None and stage == "fit":
-            check_monitors(self.trainer.callbacks, self.num_retrieved)
+            check_monitors(self.trainer.callbacks, self.num_retrieved, ewc=self.ewc is not None)
             mine_with_start_encoder(self)  # before a --ckpt_path is restored: the fit's start weights
 
     # Corpus embeddings, shared by validation, test and predict (corpus_embedding.py).
