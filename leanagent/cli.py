@@ -17,6 +17,7 @@ from pytorch_lightning.utilities.model_helpers import is_overridden
 
 from leanagent.callbacks.preemption import Preempted, PreemptionCheckpoint
 from leanagent.callbacks.progressive import ProgressiveTraining, check_epochs_per_repo, first_epoch, plan_max_epochs
+from leanagent.callbacks.saved_config import ConfigBesideLogs
 from leanagent.checkpoint_files import check_resumable, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
 from leanagent.distributed import (
@@ -37,6 +38,7 @@ from leanagent.cli_config import (
     check_seed,
     check_some_epoch_validated,
     check_trainer_values,
+    leave_out_lr_monitor_without_logger,
     model_init_args,
     note_log_dir,
     remove_unused_run_folders,
@@ -68,6 +70,7 @@ class LeanAgentCLI(LightningCLI):
         kwargs.setdefault("model_class", pl.LightningModule)
         kwargs.setdefault("datamodule_class", RetrievalDataModule)
         kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("save_config_callback", ConfigBesideLogs)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         # Parse errors reach main() as exceptions, which prints them as one line (not usage, then the error).
         quiet = {"exit_on_error": False}
@@ -170,6 +173,7 @@ class LeanAgentCLI(LightningCLI):
         if message:
             log.info("rank %s: %s", os.environ.get("LOCAL_RANK", "0"), message)
         use_final_last_checkpoint(config)
+        leave_out_lr_monitor_without_logger(config)
         check_trainer_values(config, self.subcommand)
         if self.subcommand in ("fit", "predict"):
             check_outputs_writable(config)

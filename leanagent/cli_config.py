@@ -41,6 +41,23 @@ def use_final_last_checkpoint(config: Namespace) -> None:
                      LIGHTNING_MODEL_CHECKPOINT[0], FINAL_LAST_CHECKPOINT)
 
 
+def has_no_logger(config: Namespace) -> bool:
+    logger = config.trainer.get("logger")
+    return logger is False or logger == []
+
+
+def leave_out_lr_monitor_without_logger(config: Namespace) -> None:
+    """`--trainer.logger=false` with the configs' LearningRateMonitor is Lightning's traceback at the start of
+    training: with no logger there is no lr to record, so the monitor is left out, said in one line."""
+    callbacks = config.trainer.get("callbacks")
+    if not has_no_logger(config) or not isinstance(callbacks, list):
+        return
+    kept = [c for c in callbacks if not (isinstance(c, Namespace) and str(c.get("class_path")).endswith(".LearningRateMonitor"))]
+    if len(kept) < len(callbacks):
+        config.trainer.callbacks = kept
+        log.info("trainer.logger is false: LearningRateMonitor, which records the lr in the logger, is left out")
+
+
 def logger_name(config: Namespace) -> str | None:
     logger = config.trainer.get("logger")
     if isinstance(logger, Namespace):
