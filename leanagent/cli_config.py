@@ -279,12 +279,44 @@ def check_outputs_writable(config: Namespace) -> None:
         outputs.append(_file_output("model.init_args.output_path", model_args.output_path))
     for what, folder in outputs:
         ensure_writable(folder, what)
+    for what, path in _file_outputs(config, model_args):
+        for read_what, read in _inputs(config, model_args):
+            if _same_file(path, read):
+                raise LeanAgentError(f"{what}: {path} is also {read_what}, which this run reads; writing it would "
+                                     "replace that input: give another file path")
 
 
 def _file_output(what: str, path: str | Path) -> tuple[str, str]:
-    if Path(path).is_dir() or str(path).endswith(("/", os.sep)):
+    p = Path(path)
+    if p.is_dir() or str(path).endswith(("/", os.sep)):
         raise LeanAgentError(f"{what}: {path} is a folder; give a file path")
-    return what, str(Path(path).parent)
+    if p.exists() and not p.is_file():  # a device (/dev/null) or a pipe: the atomic rename would replace it
+        raise LeanAgentError(f"{what}: {path} is not a regular file (a device or a pipe); give a file path")
+    return what, str(p.parent)
+
+
+def _file_outputs(config: Namespace, model_args: Namespace) -> list[tuple[str, str]]:
+    found = [(f"trainer.callbacks[{i}] ({c.class_path.rsplit('.', 1)[-1]}) output_path", str(c.init_args.output_path))
+             for i, c in enumerate(config.trainer.get("callbacks") or [])
+             if isinstance(c, Namespace) and (c.get("init_args") or Namespace()).get("output_path")]
+    return found + ([("model.init_args.output_path", str(model_args.output_path))] if model_args.get("output_path") else [])
+
+
+def _inputs(config: Namespace, model_args: Namespace) -> list[tuple[str, str]]:
+    """Files this run reads that a user could also name as an output."""
+    data = config.get("data") if isinstance(config.get("data"), Namespace) else Namespace()
+    named = [("data.corpus_path", data.get("corpus_path")), ("--ckpt_path", config.get("ckpt_path"))]
+    named += [(f"model.{key}", model_args.get(key)) for key in ("ckpt_path", "init_from", "fisher_path")]
+    if data.get("data_path"):
+        named += [(f"the {split} split", str(Path(data.data_path) / f"{split}.json")) for split in ("train", "val", "test")]
+    return [(what, str(path)) for what, path in named if isinstance(path, (str, os.PathLike)) and path]
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist (yet): the same path is the same file
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 # Log folders this process's trainer would create (a new version_N), for `remove_unused_run_folders`.

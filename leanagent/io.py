@@ -227,10 +227,16 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
                 yield lineno, _loads(line, p, lineno)
 
 
+def write_target(path: str | os.PathLike) -> Path:
+    """Where writing `path` puts the bytes: a symbolic link's target (renaming over the link would replace the
+    link and leave the file it names as it was)."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+
+
 @contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Write to a temporary file beside `path` and rename it into place only if the block succeeds."""
-    target = Path(path)
+    target = write_target(path)
     created = missing_folders(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -249,7 +255,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """For writers that take a file name (safetensors, matplotlib): `write(tmp_path)` then rename."""
-    target = Path(path)
+    target = write_target(path)
     created = missing_folders(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
