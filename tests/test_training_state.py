@@ -78,7 +78,7 @@ def test_a_fit_that_reached_max_steps_is_finished_even_mid_epoch():
     def trainer(global_step: int, last_batch: bool = False) -> SimpleNamespace:
         progress = SimpleNamespace(is_last_batch=last_batch, current=SimpleNamespace(processed=5))
         return SimpleNamespace(fit_loop=SimpleNamespace(epoch_loop=SimpleNamespace(batch_progress=progress)),
-                               max_epochs=-1, max_steps=40, global_step=global_step, current_epoch=2, should_stop=False)
+                               max_epochs=-1, max_steps=40, global_step=global_step, current_epoch=2, should_stop=False, world_size=1)
 
     assert fit_state_entry(trainer(40), 0, 0)["finished"] is True
     assert fit_state_entry(trainer(39), 0, 0)["finished"] is False  # preempted before its end
@@ -301,11 +301,11 @@ def test_a_fit_with_dropout_stopped_mid_epoch_and_resumed_equals_an_uninterrupte
     from leanagent.models.retriever import PremiseRetriever
     from tests.helpers import Dropout, SignalAtStep
 
-    def fit(folder: str, ckpt_path: str | None = None, stop_at: int | None = None) -> dict:
+    def fit(folder: str, ckpt_path: str | None = None, stop_at: int | None = None, batch_size: int = 1) -> dict:
         pl.seed_everything(7)
         model = PremiseRetriever(model_name="byt5-tiny", max_seq_len=32, num_retrieved=10, warmup_steps=1, lr=1e-2)
         data = RetrievalDataModule(data_path=str(toy_dataset / "random"), corpus_path=str(toy_dataset / "corpus.jsonl"),
-                                   max_seq_len=32, batch_size=1, num_hard_negatives=0)
+                                   max_seq_len=32, batch_size=batch_size, num_hard_negatives=0)
         callbacks = [Dropout(0.3), PreemptionCheckpoint(), ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)]
         if stop_at is not None:
             callbacks.append(SignalAtStep(step=stop_at))
@@ -319,6 +319,9 @@ def test_a_fit_with_dropout_stopped_mid_epoch_and_resumed_equals_an_uninterrupte
     with pytest.raises(Preempted):
         fit("stopped", stop_at=5)  # in the middle of epoch 1
     assert torch.load(tmp_path / "stopped" / "last.ckpt", weights_only=True)["global_step"] == 6
+    # Another batch size would skip 2 batches of 2 of the shuffled epoch: pairs never trained on.
+    with pytest.raises(LeanAgentError, match="2 batches into epoch 1 with data.batch_size=1 on 1 rank.*has data.batch_size=2"):
+        fit("stopped", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"), batch_size=2)
     final = fit("stopped", ckpt_path=str(tmp_path / "stopped" / "last.ckpt"))
     assert final["global_step"] == 8
     for name, tensor in expected["state_dict"].items():

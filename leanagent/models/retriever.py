@@ -387,7 +387,7 @@ class PremiseRetriever(pl.LightningModule):
                 log.info("a new fit from a finished one: %s start afresh (not the earlier fit's best score, "
                          "wait count and patience)", ", ".join(k.split("{")[0] for k in cleared))
         # Read by the data module (train_order) when it builds the training loader, before Lightning restores its loops.
-        self._resume_position = resume_position(checkpoint)
+        self._resume_position = resume_position(checkpoint, self._trainer)
         restored = getattr(self._trainer, "ckpt_path", None) if self._trainer is not None else None
         source = f"--ckpt_path {restored}" if restored else "checkpoint"
         saved = checkpoint.get("hyper_parameters", {}).get("model_name")
