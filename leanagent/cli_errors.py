@@ -43,6 +43,9 @@ def check_config_files(argv: list[str], label: str = "--config") -> None:
             continue
         except UnicodeDecodeError as e:
             raise LeanAgentError(f"{label} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        if expanded_values(text) > MAX_EXPANDED_VALUES:
+            raise LeanAgentError(f"{label} {path}: its aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} values, "
+                                 "which would take the parser hours: write the settings out, or use fewer nested aliases")
         check_sections(text, f"{label} {path}")
         twice = duplicate_key(text)
         if twice:
@@ -103,6 +106,30 @@ def _kind(value: object) -> str:
     return "null" if value is None else "a list" if isinstance(value, list) else f"{type(value).__name__} {value!r}"
 
 
+MAX_EXPANDED_VALUES = 1_000_000  # far above any real config; an alias bomb's expansion is exponential
+
+
+def expanded_values(text: str) -> int:
+    """How many values the YAML holds once every alias is expanded (as jsonargparse expands it), counted
+    without expanding; 0 when the text is not YAML (the parser then says why)."""
+    import yaml
+
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return 0
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node) -> int:
+        if id(node) not in sizes:
+            children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
+                node.value if isinstance(node, yaml.SequenceNode) else [])
+            sizes[id(node)] = 1 + sum(size(child) for child in children)
+        return sizes[id(node)]
+
+    return size(root) if root is not None else 0
+
+
 def duplicate_key(text: str) -> tuple[str, int, int] | None:
     """(key, line, line of its first occurrence) of the first key a YAML mapping holds twice; None when there is
     none or the text is not YAML (the parser then says why)."""
@@ -113,8 +140,12 @@ def duplicate_key(text: str) -> tuple[str, int, int] | None:
     except yaml.YAMLError:
         return None
     stack = [root] if root is not None else []
+    seen_nodes: set[int] = set()  # an alias is the node it names: walked once, not once per alias
     while stack:
         node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
         if isinstance(node, yaml.MappingNode):
             seen: dict[str, int] = {}
             for key, _ in node.value:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from leanagent.cli import main
-from leanagent.cli_errors import duplicate_key
+from leanagent.cli_errors import duplicate_key, expanded_values
 from leanagent.errors import LeanAgentError
 from leanagent.models.encoder import refuse_preset_typo
 from tests.conftest import REPO
@@ -70,6 +70,18 @@ def test_a_key_given_twice_in_one_config_mapping_is_refused(capsys, in_tmp):
     # The same key in different mappings, in two configs, or through a YAML merge key is composition, not a slip.
     assert duplicate_key("a:\n  lr: 1\nb:\n  lr: 2\nbase: &b {x: 1}\nc:\n  <<: *b\n  y: 2\n") is None
     assert duplicate_key("callbacks:\n  - {monitor: a}\n  - {monitor: b, mode: max, mode: min}\n") == ("mode", 3, 3)
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once(capsys, in_tmp):
+    """Nine levels of ten aliases each: a billion values once expanded; the parser (and our duplicate-key walk)
+    hung on it for minutes."""
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (in_tmp / "bomb.yaml").write_text("\n".join(lines) + "\n")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "bomb.yaml", *ONE_CPU],
+              "--config bomb.yaml: its aliases (*name) expand to more than 1,000,000 values")
+    # the root, its 2 keys, a's list of 2, and b's list holding a's twice
+    assert expanded_values("a: &a [1, 2]\nb: [*a, *a]\n") == 1 + 2 + 3 + (1 + 3 + 3)
 
 
 def test_a_logger_whose_package_is_missing_says_which(capsys, in_tmp, toy_dataset):
