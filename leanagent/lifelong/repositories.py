@@ -219,6 +219,11 @@ def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None =
                 if _split_folders(folder):
                     raise LeanAgentError(f"repositories.data_root: {folder} has split folders but no corpus.jsonl")
         names = spec.names or sorted(p.name for p in root.iterdir() if (p / "corpus.jsonl").is_file())
+        for name in names:  # owner/repo is a folder under data_root; ./x, ../x and /x are not names of one
+            parts = Path(name).parts
+            if not parts or Path(name).is_absolute() or any(p in (".", "..") for p in name.replace("\\", "/").split("/")):
+                raise LeanAgentError(f"repositories.names: {name!r} must be a folder inside data_root ({root}), "
+                                     "named without '.', '..' or a leading '/'")
         repos = {name: root / name for name in names}
         for name, path in repos.items():
             if not path.is_dir():
@@ -226,6 +231,11 @@ def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None =
                 raise LeanAgentError(f"repositories.names: {name!r}: {path} {why}")
             if not (path / "corpus.jsonl").is_file():
                 raise LeanAgentError(f"repositories.data_root: {path} has no corpus.jsonl")
+        folders: dict[Path, str] = {}
+        for name, path in repos.items():  # a link, or a/ and a: one repository under two names
+            if (other := folders.setdefault(path.resolve(), name)) != name:
+                raise LeanAgentError(f"repositories.names: {other!r} and {name!r} are the same folder "
+                                     f"{path.resolve()}; a repository is one stage")
         if not repos:
             raise LeanAgentError(f"repositories.data_root: no dataset folders in {root}")
         return repos

@@ -274,7 +274,7 @@ class LifelongRun:
         return _check_parses(commands, self.out)["fit"]
 
     def _stage_dir(self, index: int, name: str) -> Path:
-        return self.out / "stages" / f"{index:02d}-{name}"
+        return self.out / "stages" / f"{index:02d}-{name.replace('/', '-')}"  # owner/repo: one folder
 
     def _training_data(self, index: int, order: list[str], repos: dict[str, Path], stage_dir: Path) -> Path:
         if self.settings.construction == "single_repo":

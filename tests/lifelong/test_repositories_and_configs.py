@@ -131,6 +131,24 @@ def test_data_root_repositories_must_exist(tmp_path):
         resolve_repositories(Repositories(data_root=str(tmp_path), names=["empty"], bundled=None), tmp_path)
 
 
+@pytest.mark.parametrize("names, fragment", [
+    (["repoA", "./repoA"], "'./repoA' must be a folder inside data_root"),
+    (["../repoA"], "'../repoA' must be a folder inside data_root"),
+    (["repoA", "repoA/"], "'repoA' and 'repoA/' are the same folder"),
+    (["repoA", "link"], "'repoA' and 'link' are the same folder"),
+])
+def test_one_repository_under_two_names_is_refused(tmp_path, names, fragment):
+    """It used to run two stages on the same data and score them as two repositories."""
+    (tmp_path / "repoA").mkdir()
+    (tmp_path / "repoA" / "corpus.jsonl").write_text("")
+    (tmp_path / "link").symlink_to("repoA")
+    with pytest.raises(LeanAgentError, match=re.escape(fragment)):
+        resolve_repositories(Repositories(data_root=str(tmp_path), names=names), tmp_path)
+    (tmp_path / "owner" / "repo").mkdir(parents=True)  # owner/repo, as LeanAgent names repositories, is a name
+    (tmp_path / "owner" / "repo" / "corpus.jsonl").write_text("")
+    assert list(resolve_repositories(Repositories(data_root=str(tmp_path), names=["owner/repo", "repoA"]), tmp_path)) == ["owner/repo", "repoA"]
+
+
 NO_TRACES = "repository 'bad' has no theorem with traced tactics"
 
 
@@ -408,3 +426,11 @@ def test_a_split_the_bundled_dataset_lacks_is_named_before_anything_is_written(t
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [f"error: split: {BUNDLED} has no split folder 'nosuch' with a train.json (it has novel_premises, random)"]
     assert not out.exists()
+
+
+def test_an_owner_slash_repo_name_is_one_stage_folder(tmp_path):
+    from leanagent.lifelong.runner import LifelongRun
+    from leanagent.lifelong.settings import LifelongSettings
+
+    run = LifelongRun(LifelongSettings(output_dir=str(tmp_path / "out")))
+    assert run._stage_dir(1, "owner/repo") == tmp_path / "out" / "stages" / "01-owner-repo"
