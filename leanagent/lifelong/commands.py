@@ -89,6 +89,10 @@ def ablation_settings(config: Namespace) -> AblationSettings:
     setups = [s if isinstance(s, Setup) else Setup(**s) for s in values["setups"]]
     if not setups:
         raise LeanAgentError("setups: the ablation has no setup to run")
+    for setup in setups:  # each is a folder of output_dir: `a/`, `..` or `x/y` would share or leave it
+        if not setup.name or setup.name in (".", "..") or any(c in setup.name for c in "/\\"):
+            raise LeanAgentError(f"setups: name {setup.name!r} must be one folder name (its output folder in "
+                                 "output_dir): no '/', '.' or '..'")
     names = [setup.name for setup in setups]
     if duplicated := sorted({name for name in names if names.count(name) > 1}):
         raise LeanAgentError(f"setups: each needs its own name (its output folder); {', '.join(duplicated)} repeats")

@@ -397,7 +397,12 @@ def test_a_damaged_state_json_is_refused_and_kept(tmp_path, state, fragment):
 @pytest.mark.parametrize("setups, fragment", [("[]", "has no setup"),
                                              ('[{"name": "x", "order": "given", "construction": "single_repo", "ewc": false},'
                                               ' {"name": "x", "order": "curriculum", "construction": "single_repo", "ewc": false}]',
-                                              "x repeats")], ids=["none", "same-name"])
+                                              "x repeats"),
+                                             ('[{"name": "a/", "order": "given", "construction": "single_repo", "ewc": false}]',
+                                              "name 'a/' must be one folder name"),
+                                             ('[{"name": "..", "order": "given", "construction": "single_repo", "ewc": false}]',
+                                              "name '..' must be one folder name")],
+                         ids=["none", "same-name", "a-slash", "parent"])
 def test_ablation_setups_are_checked_before_the_first_run(setups, fragment):
     with pytest.raises(LeanAgentError, match=fragment):
         parse_ablation([*config_args(["lifelong_ablation.yaml"]), f"--setups={setups}"])
