@@ -320,6 +320,13 @@ def merge_datasets(
             raise LeanAgentError(f"output folder {out_dir} is also a source: write the merge elsewhere")
         if out_dir.resolve() in src.resolve().parents:
             raise LeanAgentError(f"output folder {out_dir} contains the source {src}: write the merge elsewhere")
+        if src.resolve() in out_dir.resolve().parents:  # it would plant a dataset inside one it reads
+            raise LeanAgentError(f"output folder {out_dir} is inside the source {src}: write the merge elsewhere")
+        for name in splits:
+            if not (src / name).is_dir():
+                has = sorted(p.name for p in src.iterdir() if (p / "train.json").is_file())
+                raise LeanAgentError(f"split {name!r}: source {src} has no such split folder"
+                                     + (f" (it has {', '.join(has)}; choose with --split)" if has else ""))
     with folder_lock(out_dir.parent, "merge"):  # one merge at a time beside out_dir
         _clear_leftovers(out_dir)
         return _merge(sources, out_dir, splits, overwrite)

@@ -318,7 +318,7 @@ def test_overwrite_replaces_only_an_earlier_merge(sources, tmp_path, monkeypatch
 
 def test_split_selection(sources, tmp_path):
     # LeanDojo's two split folders by default; these toy sources only have random/.
-    with pytest.raises(LeanAgentError, match=r"a/novel_premises/train.json"):
+    with pytest.raises(LeanAgentError, match=r"split 'novel_premises': source .*/a has no such split folder \(it has random; choose with --split\)"):
         merge_datasets(sources, tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
     with pytest.raises(LeanAgentError, match="split must name"):
@@ -386,7 +386,7 @@ def test_merge_command_writes_the_union_and_reports_errors_in_one_line(sources, 
     assert (out / "corpus.jsonl").is_file() and (out / "random" / "train.json").is_file()
     assert not (out / "novel_premises").exists()
     with pytest.raises(SystemExit) as stop:
-        main(["merge", "--out", str(out), str(sources[0])])
+        main(["merge", "--out", str(out), str(sources[0]), "--split", "random"])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "already exists" in err and str(out) in err
@@ -400,6 +400,13 @@ def test_the_merge_command_takes_one_split_name_or_a_list(split, sources, tmp_pa
     main(["merge", *map(str, sources), "--out", str(out), *split])  # a parse error would exit 2
     assert sorted(p.name for p in out.iterdir()) == ["corpus.jsonl", "merged_from.json", "random"]  # only the split asked for
     assert read_merged(out)[1]["val"]
+
+
+def test_an_output_folder_inside_a_source_is_refused(sources, tmp_path):
+    """It planted a whole merged dataset where the source's own novel_premises split would go."""
+    with pytest.raises(LeanAgentError, match="is inside the source"):
+        merge_datasets(sources, sources[1] / "novel_premises", split="random")
+    assert not (sources[1] / "novel_premises").exists()
 
 
 def test_an_output_folder_on_a_symlink_loop_is_one_error(tmp_path):
