@@ -89,6 +89,9 @@ def test_the_fisher_module_runs_only_under_fit(capsys, in_tmp, command):
     ("output_dir: null\n", "output_dir must be a non-empty path or name, got None"),
     ("seed: -1\n", "seed must be an integer in [0, 2**32 - 1]"),  # refused by stage 0, after the splits
     ("repositories:\n  min_theorems: 0\n", "repositories.min_theorems must be a positive integer, got 0"),
+    # the stage trained, then the runner found no checkpoint where the configs' logger name puts it
+    ('stage_args: ["--trainer.logger.init_args.name=mine"]\n', "stage_args: --trainer.logger.init_args.name=mine sets --trainer.logger"),
+    ('stage_args: ["--seed_everything=1"]\n', "stage_args: --seed_everything=1 sets --seed_everything"),
 ])
 def test_lifelong_settings_are_checked_before_anything_is_written(capsys, in_tmp, text, shown):
     overlay = _overlay(in_tmp, text)

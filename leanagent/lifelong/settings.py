@@ -95,8 +95,22 @@ def check_settings(s: LifelongSettings) -> None:
         value = getattr(s.ewc, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise LeanAgentError(f"ewc.{key} must be a finite non-negative number, got {value!r}")
+    for arg in s.stage_args:
+        flag = str(arg).split("=", 1)[0]
+        owned = next((key for key in RUNNER_OWNED if flag == key or flag.startswith(key + ".")), None)
+        if owned is not None:
+            raise LeanAgentError(
+                f"stage_args: {arg} sets {owned}, which each stage takes from the run's settings (data, seed, "
+                "epochs_per_repo) or from retrieval_config (logger and callbacks: where the runner looks for the "
+                "stage's checkpoints): set it there")
     configs = {"retrieval_config": s.retrieval_config, **({"fisher_config": s.fisher_config} if s.ewc.enabled else {})}
     for key, paths in configs.items():
         for path in config_list(paths):
             if not Path(path).is_file():
                 raise LeanAgentError(f"{key}: {path} is not a file")
+
+
+# Each stage's command sets these itself, and the runner reads what they decide (a stage's checkpoints, under
+# its logger's name): one given in stage_args won the command line and the runner found no checkpoint after training.
+RUNNER_OWNED = ("--config", "-c", "--trainer.logger", "--trainer.callbacks", "--trainer.default_root_dir",
+                "--ckpt_path", "--data.data_path", "--data.corpus_path", "--seed_everything", "--progressive")
