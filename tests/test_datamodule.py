@@ -232,3 +232,22 @@ def test_batches_carry_bm25_scores_of_their_candidates_when_the_module_asks(mini
         expected = full[:, c] if c >= 0 else torch.zeros(len(texts))
         assert torch.allclose(batch["bm25"][:, j], expected), (j, c)
     assert (batch["bm25"] > 0).any()  # Batteries' states share identifiers with some premises
+
+
+def test_a_test_theorem_that_train_also_holds_is_warned_about_once_both_are_read(toy_dataset, caplog):
+    import json
+
+    split = toy_dataset / "random"
+    train = json.loads((split / "train.json").read_text())
+    test = json.loads((split / "test.json").read_text())
+    dm = datamodule(toy_dataset)
+    dm.states("test"), dm.states("train"), dm.states("val")
+    assert "also in train.json" not in caplog.text  # the toy splits share nothing
+    (split / "train.json").write_text(json.dumps(train + test))  # a concatenated split: test leaks into train
+    with caplog.at_level("WARNING", logger="leanagent"):
+        dm = datamodule(toy_dataset)
+        dm.states("test")
+        assert "also in train.json" not in caplog.text  # train not read yet
+        dm.states("train"), dm.states("val")
+    assert caplog.text.count("also in train.json") == 1
+    assert "1 theorem(s) of test.json are also in train.json (first: 't4' of B.lean)" in caplog.text

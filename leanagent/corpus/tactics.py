@@ -39,6 +39,7 @@ class TacticStates:
     reachable_states: int = 0
     repeated: int = 0
     first_repeated: str = ""
+    theorem_keys: set[tuple[str, str, int]] = field(default_factory=set, repr=False)  # (file, name, start)
     _positives_array: np.ndarray | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
@@ -50,6 +51,7 @@ class TacticStates:
         for name in ("unresolved", "skipped", "unreachable", "reachable_states", "repeated"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.first_repeated = self.first_repeated or other.first_repeated
+        self.theorem_keys |= other.theorem_keys
 
     def positives_array(self) -> np.ndarray:
         """Positives padded with -1 to a [N, max] array, so batches can test membership without sets."""
@@ -78,7 +80,7 @@ def load_tactic_states(split_file: str | os.PathLike, corpus: Corpus) -> TacticS
 def tactic_states(theorems: list, corpus: Corpus, split_file: str | os.PathLike) -> TacticStates:
     """`load_tactic_states` of theorems already read from `split_file` (which errors name)."""
     out = TacticStates()
-    seen: set[tuple[str, str, int]] = set()
+    seen = out.theorem_keys
     for t, theorem in enumerate(theorems):
         where = f"{split_file}: theorem [{t}]"
         file_path = _field(theorem, "file_path", str, where)
@@ -134,6 +136,17 @@ def _count_reachable(states: TacticStates, corpus: Corpus) -> None:
     reachable = corpus.accessible_pairs(file_ids, pos_keys, premise_ids)
     states.unreachable = int((~reachable).sum())
     states.reachable_states = len(np.unique(rows[reachable]))
+
+
+def warn_shared_theorems(split: str, loaded: dict[str, TacticStates], folder: str | os.PathLike) -> None:
+    """A theorem of val or test that train also holds (a hand-made or concatenated split): its figures then
+    score what the model trained on. One warning, once both splits are read; LeanDojo's splits never share one."""
+    pairs = [(split, "train")] if split in ("val", "test") else [("val", "train"), ("test", "train")] if split == "train" else []
+    for evaluated, trained in pairs:
+        if evaluated in loaded and trained in loaded and (shared := loaded[evaluated].theorem_keys & loaded[trained].theorem_keys):
+            file_path, name, _ = min(shared)
+            log.warning("%s: %d theorem(s) of %s.json are also in train.json (first: '%s' of %s): its figures score "
+                        "theorems the model trained on", folder, len(shared), evaluated, name, file_path)
 
 
 def warn_unresolved(states: TacticStates, what: str) -> None:

@@ -25,13 +25,8 @@ from leanagent.data.datasets import EvalStates, TrainingPairs
 from leanagent.data.hard_negatives import shared_hard_negatives
 from leanagent.data.negatives import NegativeSampler
 from leanagent.data.samplers import DEFAULT_SEED, EpochShuffledSampler, ResumableLoader, UnpaddedDistributedSampler
-from leanagent.corpus.tactics import (
-    TacticStates,
-    load_tactic_states,
-    require_positives,
-    require_training_examples,
-    warn_unresolved,
-)
+from leanagent.corpus.tactics import (TacticStates, load_tactic_states, require_positives, require_training_examples,
+                                     warn_shared_theorems, warn_unresolved)
 from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
 from leanagent.models.data_contract import OrdersTraining, Ranker, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
@@ -230,6 +225,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
                 states = load_tactic_states(path, self.corpus)
                 warn_unresolved(states, str(path))
             self._states[split] = states
+            warn_shared_theorems(split, self._states, self.data_path)
         return self._states[split]
 
     def state_tokens(self, split: str) -> TokenTable:
