@@ -32,6 +32,7 @@ from leanagent.distributed import (
 )
 from leanagent.cli_config import (
     check_device_count,
+    check_evaluated_splits,
     check_fit_only_model,
     check_model_nulls,
     check_outputs_writable,
@@ -175,6 +176,7 @@ class LeanAgentCLI(LightningCLI):
         use_final_last_checkpoint(config)
         leave_out_lr_monitor_without_logger(config)
         check_trainer_values(config, self.subcommand)
+        check_evaluated_splits(config, self.subcommand)
         if self.subcommand in ("fit", "predict"):
             check_outputs_writable(config)
         if self.subcommand == "fit":

@@ -286,6 +286,21 @@ def check_outputs_writable(config: Namespace) -> None:
                                      "replace that input: give another file path")
 
 
+def check_evaluated_splits(config: Namespace, subcommand: str | None) -> None:
+    """The split files validate, test or predict reads, checked before the ranks start: found missing by each
+    rank's data hook, the same error came once per rank."""
+    data = config.get("data")
+    if subcommand not in ("validate", "test", "predict") or not isinstance(data, Namespace) or not data.get("data_path"):
+        return
+    splits = {"validate": ["val"], "test": ["test"]}.get(subcommand) or list(data.get("predict_splits") or [])
+    missing = [f"{split}.json" for split in splits if not (Path(data.data_path) / f"{split}.json").is_file()]
+    if missing and Path(data.data_path).is_dir():
+        hint = ("; name the splits it has with --data.predict_splits=[...]" if subcommand == "predict"
+                else f": {subcommand} evaluates that split")
+        raise LeanAgentError(f"{'data.predict_splits' if subcommand == 'predict' else subcommand}: {data.data_path} "
+                             f"has no {', '.join(missing)}{hint}")
+
+
 def _file_output(what: str, path: str | Path) -> tuple[str, str]:
     p = Path(path)
     if p.is_dir() or str(path).endswith(("/", os.sep)):

@@ -138,3 +138,19 @@ def test_an_ablation_s_bad_base_names_the_base(capsys, in_tmp, text, shown):
     message = one_error(capsys, ["ablation", "--config", "ablation.yaml"], shown)
     assert "ablation.yaml" not in message
     assert sorted(p.name for p in in_tmp.iterdir()) == ["ablation.yaml", "base.yaml"]
+
+
+@pytest.mark.parametrize("command, removed, shown", [
+    ("validate", "val", "validate: {split} has no val.json"),
+    ("test", "test", "test: {split} has no test.json"),
+    ("predict", "test", "data.predict_splits: {split} has no test.json; name the splits it has"),
+])
+def test_a_split_an_evaluation_reads_is_checked_before_the_ranks_start(capsys, in_tmp, toy_dataset, retriever_checkpoint,
+                                                                       command, removed, shown):
+    """Found by each rank's data hook, the same error came once per rank (four lines on the configs' 4 devices)."""
+    from tests.test_bad_inputs import data
+
+    (toy_dataset / "random" / f"{removed}.json").unlink()
+    one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={retriever_checkpoint}",
+                       "--model.init_args.model_name=byt5-tiny"], shown.format(split=toy_dataset / "random"))
+    assert not (in_tmp / "lightning_logs").exists()
