@@ -81,6 +81,7 @@ def test_an_error_with_no_signal_stays_that_error():
             raise ValueError("a real error")
 
 
+@pytest.mark.slow  # a real CLI process that signals itself while it imports the config's callback
 def test_ctrl_c_while_the_config_is_parsed_is_the_signal_not_a_config_error(tmp_path):
     """Through the app: the signal lands while jsonargparse imports a callback's module (tests/ctrl_c_on_import.py)."""
     import subprocess
