@@ -66,6 +66,11 @@ class FisherInformation(pl.LightningModule):
         self.mode = mode
         self.chunk_size = chunk_size
         self.retriever = load_retriever(ckpt_path, model_name, what="model.ckpt_path")
+        trained_len = self.retriever.hparams.get("max_seq_len")
+        if trained_len is not None and trained_len != max_seq_len:  # valid, but weighed on inputs cut elsewhere
+            log.warning("model.ckpt_path %s was trained on data.max_seq_len=%d; this Fisher pass reads %d bytes per "
+                        "input (pass --data.max_seq_len=%d to weigh what it trained on)", ckpt_path, trained_len,
+                        max_seq_len, trained_len)
         self.retriever.requires_grad_(True)
         self._sum: dict[str, torch.Tensor] = {}
         self._count = 0
