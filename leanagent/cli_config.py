@@ -154,6 +154,14 @@ def check_fit_only_model(config: Namespace, subcommand: str | None) -> None:
     if subcommand in ("validate", "test", "predict") and isinstance(class_path, str) and class_path.endswith(".FisherInformation"):
         raise LeanAgentError(f"{subcommand}: {class_path} only computes the Fisher information, with `fit`; "
                              f"{subcommand} a retriever with --config configs/retrieval.yaml")
+    init_args = model.get("init_args") if isinstance(model, Namespace) else None
+    mode = init_args.get("mode", "empirical") if isinstance(init_args, Namespace) else "empirical"
+    if subcommand == "fit" and str(class_path).endswith(".FisherInformation") and mode == "empirical":
+        for key, whole in (("limit_train_batches", 1.0), ("max_steps", -1)):
+            value = config.trainer.get(key)  # an int limit is batches: 1 is one batch, 1.0 all of them
+            if value is not None and not (value == whole and type(value) is type(whole)):
+                raise LeanAgentError(f"trainer.{key}={value}: the empirical Fisher is a mean over the whole training "
+                                     f"split, so its pass reads every batch: leave trainer.{key} unset")
 
 
 def check_seed(config: Namespace) -> None:

@@ -154,3 +154,13 @@ def test_a_split_an_evaluation_reads_is_checked_before_the_ranks_start(capsys, i
     one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={retriever_checkpoint}",
                        "--model.init_args.model_name=byt5-tiny"], shown.format(split=toy_dataset / "random"))
     assert not (in_tmp / "lightning_logs").exists()
+
+
+@pytest.mark.parametrize("flag", ["--trainer.limit_train_batches=2", "--trainer.limit_train_batches=1", "--trainer.max_steps=3"])
+def test_a_partial_empirical_fisher_pass_is_refused_before_it_runs(capsys, in_tmp, toy_dataset, retriever_checkpoint, flag):
+    """It was refused only after the pass, when the counts did not add up to the split."""
+    from tests.test_bad_inputs import data
+
+    one_error(capsys, ["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={retriever_checkpoint}",
+                       "--model.init_args.model_name=byt5-tiny", flag], f"{flag[2:]}: the empirical Fisher is a mean over the whole")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["toy"]  # no checkpoints/ or lightning_logs/
