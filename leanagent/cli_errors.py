@@ -6,6 +6,7 @@ config file, the key, why and the value. This module is the one place that reads
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -44,8 +45,8 @@ def check_config_files(argv: list[str], label: str = "--config") -> None:
         except UnicodeDecodeError as e:
             raise LeanAgentError(f"{label} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         if expanded_values(text) > MAX_EXPANDED_VALUES:
-            raise LeanAgentError(f"{label} {path}: its aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} values, "
-                                 "which would take the parser hours: write the settings out, or use fewer nested aliases")
+            raise LeanAgentError(f"{label} {path}: its aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} values (or refer to "
+                                 "themselves), which the parser would expand for hours: write the settings out, or use fewer nested aliases")
         check_sections(text, f"{label} {path}")
         twice = duplicate_key(text)
         if twice:
@@ -109,7 +110,7 @@ def _kind(value: object) -> str:
 MAX_EXPANDED_VALUES = 1_000_000  # far above any real config; an alias bomb's expansion is exponential
 
 
-def expanded_values(text: str) -> int:
+def expanded_values(text: str) -> float:
     """How many values the YAML holds once every alias is expanded (as jsonargparse expands it), counted
     without expanding; 0 when the text is not YAML (the parser then says why)."""
     import yaml
@@ -118,16 +119,20 @@ def expanded_values(text: str) -> int:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return 0
-    sizes: dict[int, int] = {}
+    sizes: dict[int, float] = {}
 
-    def size(node: yaml.Node) -> int:
+    def size(node: yaml.Node) -> float:
         if id(node) not in sizes:
+            sizes[id(node)] = math.inf  # until counted: an alias inside its own anchor expands without end
             children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
                 node.value if isinstance(node, yaml.SequenceNode) else [])
             sizes[id(node)] = 1 + sum(size(child) for child in children)
         return sizes[id(node)]
 
-    return size(root) if root is not None else 0
+    try:
+        return size(root) if root is not None else 0
+    except RecursionError:  # nested deeper than Python recurses: no config is
+        return math.inf
 
 
 def duplicate_key(text: str) -> tuple[str, int, int] | None:

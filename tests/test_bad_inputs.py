@@ -80,6 +80,8 @@ def test_a_yaml_alias_bomb_is_refused_at_once(capsys, in_tmp):
     (in_tmp / "bomb.yaml").write_text("\n".join(lines) + "\n")
     one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "bomb.yaml", *ONE_CPU],
               "--config bomb.yaml: its aliases (*name) expand to more than 1,000,000 values")
+    (in_tmp / "itself.yaml").write_text("trainer: &x {callbacks: [*x]}\n")  # was a RecursionError traceback
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "itself.yaml", *ONE_CPU], "or refer to themselves")
     # the root, its 2 keys, a's list of 2, and b's list holding a's twice
     assert expanded_values("a: &a [1, 2]\nb: [*a, *a]\n") == 1 + 2 + 3 + (1 + 3 + 3)
 

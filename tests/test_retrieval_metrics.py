@@ -55,6 +55,7 @@ def test_a_monitored_recall_that_cannot_be_measured_is_refused():
 @pytest.mark.parametrize("monitor, refused", [
     ("Recall@10_val/hybird", True), ("recall@10_val", True), ("Recall@10_valid", True), ("ewc_penalty_train_epoch", True),
     ("Recall@10_val", False), ("Recall@1_val/hybrid", False), ("MRR_val/bm25", False), ("loss_train_epoch", False),
+    ("step", False), ("epoch", False),  # Lightning's own: monitor="step" keeps the latest checkpoints
 ])
 def test_a_monitor_no_fit_logs_is_refused_before_training(monitor, refused):
     """Lightning finds a misspelt monitor only when the first validation ends, with a traceback and the epoch lost."""

@@ -401,3 +401,27 @@ def test_a_rerun_in_a_folder_with_checkpoints_says_once_what_it_does(toy_dataset
     assert len(said) == 2 and "starts afresh" in said[0] and "last.ckpt" in said[0]
     assert f"resumes from {tmp_path / 'ckpts' / 'last.ckpt'}" in said[1], said[1]
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
+
+
+def test_only_an_unfinished_fit_saved_mid_epoch_needs_its_batch_size_and_ranks_back():
+    """A fit that ended at max_steps mid-epoch is finished: the next fit starts the next epoch and skips nothing."""
+    from pytorch_lightning.trainer.states import TrainerFn
+
+    from leanagent.checkpoint_files import FIT_STATE_KEY
+    from leanagent.models.fit_checkpoint import resume_position
+
+    def saved(finished: bool, epoch_done: bool) -> dict:
+        return {FIT_STATE_KEY: {"epoch": 1, "batches_done": 5, "finished": finished, "epoch_done": epoch_done,
+                                "batch_size": 4, "world_size": 2}}
+
+    def trainer(batch_size: int, world_size: int) -> SimpleNamespace:
+        return SimpleNamespace(state=SimpleNamespace(fn=TrainerFn.FITTING), datamodule=SimpleNamespace(batch_size=batch_size),
+                               world_size=world_size, ckpt_path="last.ckpt")
+
+    assert resume_position(saved(False, False), trainer(4, 2)) == (1, 5)
+    for other in (trainer(8, 2), trainer(4, 1)):
+        with pytest.raises(LeanAgentError, match="--ckpt_path last.ckpt was saved 5 batches into epoch 1 with data.batch_size=4 on 2"):
+            resume_position(saved(False, False), other)
+        assert resume_position(saved(True, False), other) == (1, 5)  # finished at max_steps
+        assert resume_position(saved(False, True), other) == (1, 5)  # at the epoch's end
+        assert resume_position({FIT_STATE_KEY: {"epoch": 1, "batches_done": 5}}, other) == (1, 5)  # an older checkpoint

@@ -54,13 +54,14 @@ def resume_position(checkpoint: dict[str, Any], trainer: pl.Trainer | None = Non
     epoch, done = int(saved["epoch"]), int(saved["batches_done"])
     fitting = trainer is not None and trainer.state.fn == TrainerFn.FITTING
     then = (saved.get("batch_size"), saved.get("world_size"))
-    if fitting and saved.get("epoch_done") is False and done > 0 and None not in then:
+    if fitting and saved.get("epoch_done") is False and not saved.get("finished") and done > 0 and None not in then:
         now = (_batch_size(trainer), int(trainer.world_size))
         if then != now:
+            source = getattr(trainer, "ckpt_path", None)
             raise LeanAgentError(
-                f"--ckpt_path {getattr(trainer, 'ckpt_path', None) or ''} was saved {done} batches into epoch {epoch} "
+                f"{f'--ckpt_path {source}' if source else 'the checkpoint'} was saved {done} batches into epoch {epoch} "
                 f"with data.batch_size={then[0]} on {then[1]} rank(s), and this fit has data.batch_size={now[0]} on "
-                f"{now[1]}: the rest of that epoch would skip examples it never trained on; resume with the same batch "
-                "size and number of processes"
+                f"{now[1]}: the rest of that epoch would skip examples it never trained on; resume with the same "
+                "data.batch_size and number of processes (trainer.devices x trainer.num_nodes)"
             )
     return epoch, done

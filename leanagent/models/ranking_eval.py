@@ -25,7 +25,7 @@ def check_monitors(callbacks: Iterable[object], num_retrieved: int, ewc: bool = 
     val = {f"{name}_val{mode}" for name in metric_names(num_retrieved) for mode in ("", "/bm25", "/hybrid")}
     val |= {"hybrid_weight_val", "num_evaluated_val", "locality_bias_val"}
     losses = ["loss_train", "loss_retrieval_train", "ewc_penalty_train"] if ewc else ["loss_train"]
-    logged = val | {f"{loss}_{when}" for loss in losses for when in ("step", "epoch")}
+    logged = val | {f"{loss}_{when}" for loss in losses for when in ("step", "epoch")} | {"epoch", "step"}  # Lightning's
     for callback in callbacks:
         monitor = getattr(callback, "monitor", None)
         if not isinstance(monitor, str) or monitor in logged or monitor.startswith("lr-"):  # lr-*: LearningRateMonitor's
