@@ -91,7 +91,14 @@ def test_the_fisher_module_runs_only_under_fit(capsys, in_tmp, command):
     ("repositories:\n  min_theorems: 0\n", "repositories.min_theorems must be a positive integer, got 0"),
     # the stage trained, then the runner found no checkpoint where the configs' logger name puts it
     ('stage_args: ["--trainer.logger.init_args.name=mine"]\n', "stage_args: --trainer.logger.init_args.name=mine sets --trainer.logger"),
-    ('stage_args: ["--seed_everything=1"]\n', "stage_args: --seed_everything=1 sets --seed_everything"),
+    ('stage_args: ["--seed_everything=1"]\n', "stage_args: --seed_everything=1 sets --seed_everything, which the runner sets for every stage: set the run's seed"),
+    ('stage_args: ["--trainer.callbacks+={class_path: x}"]\n', "sets --trainer.callbacks"),  # appends, replacing nothing, yet
+    ('stage_args: ["--data=my.yaml"]\n', "sets --data, which the runner sets for every stage: give data settings one by one"),
+    ('stage_args: ["--ckpt_path=x.ckpt"]\n', "(resume_from), stage 0 from model.init_from"),
+    # with EWC it reached the Fisher command, which refused a partial pass after stage 0 had trained
+    ('ewc: {enabled: true}\nstage_args: ["--trainer.max_steps=5"]\n', "also reaches the Fisher command (EWC is on)"),
+    # taken without EWC: the next check (the configs, relative to this test's empty folder) is the one refusing
+    ('ewc: {enabled: false}\nstage_args: ["--trainer.limit_train_batches=1"]\n', "retrieval_config: configs/retrieval.yaml is not a file"),
 ])
 def test_lifelong_settings_are_checked_before_anything_is_written(capsys, in_tmp, text, shown):
     overlay = _overlay(in_tmp, text)

@@ -70,6 +70,40 @@ def config_list(configs: str | os.PathLike | list[str]) -> list[str]:
 
 
 
+# What each stage's command is given by the runner, or reads from retrieval_config where the runner then looks
+# for its checkpoints: one set in stage_args won the command line (they come last), and the runner found no
+# checkpoint after stage 0 had trained, or trained on other data than it reported.
+RUNNER_OWNED = {
+    "--config": "compose configs with retrieval_config (and fisher_config), a list",
+    "-c": "compose configs with retrieval_config (and fisher_config), a list",
+    "--trainer.logger": "set the logger in a retrieval_config overlay: the runner finds a stage's checkpoints by its name",
+    "--trainer.callbacks": "set callbacks in a retrieval_config overlay: the runner finds a stage's checkpoints by them",
+    "--trainer.default_root_dir": "each stage writes under output_dir/stages/",
+    "--ckpt_path": "each stage starts from the previous one's handover (resume_from), stage 0 from model.init_from",
+    "--data.data_path": "each stage reads its repository's folder (repositories)",
+    "--data.corpus_path": "each stage reads its repository's folder (repositories)",
+    "--seed_everything": "set the run's seed",
+    "--progressive": "set epochs_per_repo",
+    "--data": "give data settings one by one (--data.KEY=VALUE): a whole section replaces the stage's data paths",
+    "--trainer": "give trainer settings one by one (--trainer.KEY=VALUE): a whole section replaces the logger and callbacks",
+}
+# With EWC, stage_args reach the Fisher command too, whose empirical pass reads the whole training split.
+FIT_ONLY = {"--trainer.max_steps", "--trainer.limit_train_batches"}
+
+
+def check_stage_args(stage_args: list[str], ewc: bool) -> None:
+    """Refuse, before any stage, stage_args that would take over what the runner sets or reads back."""
+    for arg in stage_args:
+        flag = str(arg).split("=", 1)[0].rstrip("+")  # --trainer.callbacks+=... appends
+        owned = next((key for key in RUNNER_OWNED if flag == key or  # the bare sections only as a whole
+                      (flag.startswith(key + ".") and key not in ("--data", "--trainer"))), None)
+        if owned is not None:
+            raise LeanAgentError(f"stage_args: {arg} sets {owned}, which the runner sets for every stage: {RUNNER_OWNED[owned]}")
+        if ewc and flag in FIT_ONLY:
+            raise LeanAgentError(f"stage_args: {arg} also reaches the Fisher command (EWC is on), whose pass reads the "
+                                 "whole training split: set it for the fits alone in a retrieval_config overlay")
+
+
 def check_settings(s: LifelongSettings) -> None:
     """What the runner uses only after stages have trained (the report's window, the evaluations, the EWC
     stages' Fisher command) is checked before the first one, and so is what a config file can set to null."""
@@ -95,22 +129,10 @@ def check_settings(s: LifelongSettings) -> None:
         value = getattr(s.ewc, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise LeanAgentError(f"ewc.{key} must be a finite non-negative number, got {value!r}")
-    for arg in s.stage_args:
-        flag = str(arg).split("=", 1)[0]
-        owned = next((key for key in RUNNER_OWNED if flag == key or flag.startswith(key + ".")), None)
-        if owned is not None:
-            raise LeanAgentError(
-                f"stage_args: {arg} sets {owned}, which each stage takes from the run's settings (data, seed, "
-                "epochs_per_repo) or from retrieval_config (logger and callbacks: where the runner looks for the "
-                "stage's checkpoints): set it there")
+    check_stage_args(s.stage_args, s.ewc.enabled)
     configs = {"retrieval_config": s.retrieval_config, **({"fisher_config": s.fisher_config} if s.ewc.enabled else {})}
     for key, paths in configs.items():
         for path in config_list(paths):
             if not Path(path).is_file():
                 raise LeanAgentError(f"{key}: {path} is not a file")
 
-
-# Each stage's command sets these itself, and the runner reads what they decide (a stage's checkpoints, under
-# its logger's name): one given in stage_args won the command line and the runner found no checkpoint after training.
-RUNNER_OWNED = ("--config", "-c", "--trainer.logger", "--trainer.callbacks", "--trainer.default_root_dir",
-                "--ckpt_path", "--data.data_path", "--data.corpus_path", "--seed_everything", "--progressive")
