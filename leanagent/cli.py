@@ -33,6 +33,7 @@ from leanagent.distributed import (
 from leanagent.cli_config import (
     check_device_count,
     check_evaluated_splits,
+    check_fisher_pass,
     check_fit_only_model,
     check_model_nulls,
     check_outputs_writable,
@@ -118,6 +119,7 @@ class LeanAgentCLI(LightningCLI):
             config = self.config[name] if name else self.config
             check_seed(config)
             check_fit_only_model(config, name)
+            check_fisher_pass(config, name)
             check_model_nulls(config)
             resolve_data_seed(config)
         if name in COMMANDS:  # not a Trainer method: nothing of Lightning's to instantiate

@@ -18,7 +18,7 @@ from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import SPECIAL_CKPT_PATHS
 from leanagent.data.samplers import DEFAULT_SEED
 from leanagent.errors import LeanAgentError
-from leanagent.io import ensure_writable, missing_folders, remove_empty_folders
+from leanagent.io import ensure_writable, missing_folders, remove_empty_folders, write_target
 
 log = logging.getLogger("leanagent")
 
@@ -42,6 +42,7 @@ def use_final_last_checkpoint(config: Namespace) -> None:
 
 
 def has_no_logger(config: Namespace) -> bool:
+    """`trainer.logger` false (or an empty list): Lightning then has no log folder, only the working one."""
     logger = config.trainer.get("logger")
     return logger is False or logger == []
 
@@ -154,6 +155,13 @@ def check_fit_only_model(config: Namespace, subcommand: str | None) -> None:
     if subcommand in ("validate", "test", "predict") and isinstance(class_path, str) and class_path.endswith(".FisherInformation"):
         raise LeanAgentError(f"{subcommand}: {class_path} only computes the Fisher information, with `fit`; "
                              f"{subcommand} a retriever with --config configs/retrieval.yaml")
+
+
+def check_fisher_pass(config: Namespace, subcommand: str | None) -> None:
+    """The empirical Fisher is a mean over the whole training split: a pass cut short was refused only after
+    it had run, when the counts did not add up."""
+    model = config.get("model")
+    class_path = model.get("class_path") if isinstance(model, Namespace) else None
     init_args = model.get("init_args") if isinstance(model, Namespace) else None
     mode = init_args.get("mode", "empirical") if isinstance(init_args, Namespace) else "empirical"
     if subcommand == "fit" and str(class_path).endswith(".FisherInformation") and mode == "empirical":
@@ -315,7 +323,7 @@ def _file_output(what: str, path: str | Path) -> tuple[str, str]:
         raise LeanAgentError(f"{what}: {path} is a folder; give a file path")
     if p.exists() and not p.is_file():  # a device (/dev/null) or a pipe: the atomic rename would replace it
         raise LeanAgentError(f"{what}: {path} is not a regular file (a device or a pipe); give a file path")
-    return what, str(p.parent)
+    return what, str(write_target(p).parent)  # a link's target is what gets written
 
 
 def _file_outputs(config: Namespace, model_args: Namespace) -> list[tuple[str, str]]:

@@ -88,6 +88,7 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
 
 
 def require_folder(path: str | os.PathLike, what: str) -> Path:
+    """As `require_file`, for a folder setting."""
     p = Path(path)
     if not p.is_dir():
         link = broken_link(p)
@@ -228,15 +229,15 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
 
 
 def write_target(path: str | os.PathLike) -> Path:
-    """Where writing `path` puts the bytes: a symbolic link's target (renaming over the link would replace the
-    link and leave the file it names as it was)."""
+    """Where writing an output the user named puts the bytes: a symbolic link's target (the atomic rename would
+    replace the link and leave the file it names as it was). Files of our own folders replace a link instead."""
     return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
 
 
 @contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
     """Write to a temporary file beside `path` and rename it into place only if the block succeeds."""
-    target = write_target(path)
+    target = Path(path)
     created = missing_folders(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -255,7 +256,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """For writers that take a file name (safetensors, matplotlib): `write(tmp_path)` then rename."""
-    target = write_target(path)
+    target = Path(path)
     created = missing_folders(target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")

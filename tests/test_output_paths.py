@@ -41,14 +41,27 @@ def test_a_pipe_as_output_is_refused(capsys, in_tmp, toy_dataset, retriever_chec
     assert (in_tmp / "pipe").is_fifo()
 
 
+def test_predictions_to_a_symbolic_link_go_through_it(in_tmp, toy_dataset, retriever_checkpoint):
+    from leanagent.cli import main
+
+    (in_tmp / "real").mkdir()
+    (in_tmp / "real" / "out.jsonl").write_text("old")
+    (in_tmp / "link.jsonl").symlink_to("real/out.jsonl")
+    main(["predict", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), f"--ckpt_path={retriever_checkpoint}",
+          "--model.init_args.model_name=byt5-tiny", "--trainer.limit_predict_batches=1", "--data.predict_splits=[val]",
+          *writer(in_tmp / "link.jsonl")])
+    assert (in_tmp / "link.jsonl").is_symlink() and '"state"' in (in_tmp / "real" / "out.jsonl").read_text()
+
+
 @pytest.mark.parametrize("how", ["open", "write"])
-def test_an_output_that_is_a_symbolic_link_is_written_through_it(tmp_path, how):
-    (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "out.txt").write_text("old")
-    (tmp_path / "link.txt").symlink_to("real/out.txt")
+def test_our_own_files_replace_a_symbolic_link_and_leave_its_target_alone(tmp_path, how):
+    """A link left in an output folder (state.json, a heartbeat) must not let a write reach the file it names."""
+    (tmp_path / "shared.txt").write_text("a dataset's file")
+    (tmp_path / "state.json").symlink_to("shared.txt")
     if how == "open":
-        with atomic_open(tmp_path / "link.txt") as f:
+        with atomic_open(tmp_path / "state.json") as f:
             f.write("new")
     else:
-        atomic_write(tmp_path / "link.txt", lambda tmp: open(tmp, "w").write("new"))
-    assert (tmp_path / "link.txt").is_symlink() and (tmp_path / "real" / "out.txt").read_text() == "new"
+        atomic_write(tmp_path / "state.json", lambda tmp: open(tmp, "w").write("new"))
+    assert (tmp_path / "shared.txt").read_text() == "a dataset's file"
+    assert not (tmp_path / "state.json").is_symlink() and (tmp_path / "state.json").read_text() == "new"

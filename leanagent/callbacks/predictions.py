@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch.distributed as dist
 from pytorch_lightning.callbacks import BasePredictionWriter
 
-from leanagent.io import atomic_open
+from leanagent.io import atomic_open, write_target
 
 log = logging.getLogger("leanagent")
 
@@ -52,7 +52,7 @@ class PremisePredictionWriter(BasePredictionWriter):
         corpus = datamodule.corpus
         states = datamodule.states("predict")
         unique = {index: (ids, scores) for index, ids, scores in rows}
-        with atomic_open(path, "w", encoding="utf-8") as f:
+        with atomic_open(write_target(path), "w", encoding="utf-8") as f:
             for index in sorted(unique):
                 ids, scores = unique[index]
                 record = {

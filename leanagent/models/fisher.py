@@ -28,6 +28,7 @@ import torch.distributed as dist
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import save_fisher
 from leanagent.faults.watchdog import beat
+from leanagent.io import write_target
 from leanagent.models.data_contract import TrainOrder
 from leanagent.models.loading import load_retriever
 from leanagent.models.losses import batch_loss, contrastive_loss, stack_padded
@@ -186,6 +187,6 @@ class FisherInformation(pl.LightningModule):
                 "model_name": self.retriever.model_name,
             }
             theta_star = {name: p.detach() for name, p in self.retriever.named_parameters() if name in fisher}
-            save_fisher(self.output_path, fisher, metadata, theta_star=theta_star)
+            save_fisher(write_target(self.output_path), fisher, metadata, theta_star=theta_star)
             log.info("wrote %s Fisher over %d examples (world size %d) to %s", self.mode, examples, world, self.output_path)
         self.fisher = fisher
