@@ -20,18 +20,8 @@ from leanagent.callbacks.progressive import ProgressiveTraining, check_epochs_pe
 from leanagent.callbacks.saved_config import ConfigBesideLogs
 from leanagent.checkpoint_files import check_resumable, load_checkpoint
 from leanagent.data.datamodule import RetrievalDataModule
-from leanagent.distributed import (
-    ONE_YEAR,
-    check_gpu_count,
-    default_strategy,
-    is_ddp_class,
-    limit_cpu_threads,
-    parse_timeout,
-    set_nccl_env,
-    uses_cpu,
-)
+from leanagent.distributed import ONE_YEAR, configure_distributed, default_strategy
 from leanagent.cli_config import (
-    check_device_count,
     check_evaluated_splits,
     check_fisher_pass,
     check_fit_only_model,
@@ -69,6 +59,7 @@ class LeanAgentCLI(LightningCLI):
     """`model: class_path: ...` picks PremiseRetriever or FisherInformation; the data module is shared."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._only = requested_command(kwargs.get("args"))
         kwargs.setdefault("model_class", pl.LightningModule)
         kwargs.setdefault("datamodule_class", RetrievalDataModule)
         kwargs.setdefault("subclass_mode_model", True)
@@ -76,16 +67,28 @@ class LeanAgentCLI(LightningCLI):
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         # Parse errors reach main() as exceptions, which prints them as one line (not usage, then the error).
         quiet = {"exit_on_error": False}
-        kwargs.setdefault("parser_kwargs", {**quiet, **{name: quiet for name in ("fit", "validate", "test", "predict")}})
+        kwargs.setdefault("parser_kwargs", {**quiet, **{name: quiet for name in self.subcommands()}})
         super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]
+        """Lightning's trainer methods; only the one asked for when the command line starts with it.
+
+        Each subcommand's parser introspects the Trainer and both modules, most of a command's start-up
+        before any data is read; `main.py fit ...` needs only fit's, and `main.py --help` still lists all.
+        """
+        every = LightningCLI.subcommands()
+        if self._only is None:
+            return every
+        return {name: skip for name, skip in every.items() if name == self._only}
 
     def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any], subparser_kwargs: dict[str, Any]) -> None:
         """Lightning's fit/validate/test/predict, then leanagent's own commands in the same tree."""
         super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
         if add_subcommands:
             for name, command in COMMANDS.items():
-                parser = command.parser(exit_on_error=False)
-                add_subcommand(self.parser, name, parser, help=parser.description)
+                if self._only is None or name == self._only:
+                    parser = command.parser(exit_on_error=False)
+                    add_subcommand(self.parser, name, parser, help=parser.description)
 
     def add_arguments_to_parser(self, parser) -> None:
         # ReProver's links: one setting each, shared by model and data.
@@ -241,39 +244,6 @@ class LeanAgentCLI(LightningCLI):
             print(format_rankings(logged[0], "test", best or "the final weights", chosen), flush=True)
 
 
-def configure_distributed(config: Namespace) -> None:
-    """Runs on every rank (Lightning's DDP re-executes the command): env, strategy, threads, GPU count."""
-    trainer = config.trainer
-    timeout = ONE_YEAR
-    strategy = trainer.strategy
-    if strategy is None:
-        trainer.strategy = Namespace(default_strategy(ONE_YEAR))
-        strategy = trainer.strategy
-    if isinstance(strategy, (Namespace, dict)) and is_ddp_class(str(strategy.get("class_path", ""))):
-        init_args = strategy.get("init_args") or Namespace()
-        if init_args.get("timeout") is None:
-            init_args["timeout"] = ONE_YEAR
-        timeout = parse_timeout(init_args["timeout"])
-        init_args["timeout"] = timeout
-        strategy["init_args"] = init_args
-    else:
-        name = strategy if isinstance(strategy, str) else strategy.get("class_path", strategy)
-        log.info("trainer.strategy %r was named explicitly: the one-year DDPStrategy was not injected", name)
-    set_nccl_env(timeout)
-    log.info(
-        "rank %s: TORCH_NCCL_ASYNC_ERROR_HANDLING=%s NCCL_TIMEOUT=%s (ms)",
-        os.environ.get("LOCAL_RANK", "0"), os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"], os.environ["NCCL_TIMEOUT"],
-    )
-
-    accelerator = str(trainer.accelerator)
-    check_device_count(trainer.devices)
-    check_gpu_count(accelerator, trainer.devices)
-    devices = trainer.devices
-    if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
-        limit_cpu_threads(devices)
-
-
-
 ARCHITECTURE_KEYS = ("model_name",)
 LINKED_KEYS = ("max_seq_len",)  # set from data.max_seq_len, never from a checkpoint
 LINK_SOURCES = ("data.max_seq_len",)
@@ -318,6 +288,19 @@ def _setup_logging() -> None:
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
         logger.propagate = False
+
+
+def requested_command(args: Any) -> str | None:
+    """The subcommand a command line starts with (`fit`, `lifelong`, ...), or None: build every parser.
+
+    Only a first word counts: anything before it (a top-level `--config`, `--help`) may choose or list
+    any subcommand.
+    """
+    argv = sys.argv[1:] if args is None else args
+    if not isinstance(argv, (list, tuple)) or not argv:
+        return None
+    first = argv[0]
+    return first if first in LightningCLI.subcommands() or first in COMMANDS else None
 
 
 class CommandFinished(Exception):

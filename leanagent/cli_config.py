@@ -66,14 +66,6 @@ def logger_name(config: Namespace) -> str | None:
     return None
 
 
-def check_device_count(devices: Any) -> None:
-    value = devices
-    if isinstance(devices, str) and devices.lstrip("-").isdigit():
-        value = int(devices)
-    if isinstance(value, int) and (value == 0 or value < -1):
-        raise LeanAgentError(f"trainer.devices must be a positive number of devices, -1 or 'auto', got {devices!r}")
-
-
 def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
     """Values Lightning refuses with a traceback (or, for accumulate_grad_batches 0, a ZeroDivisionError mid-fit),
     and a fit that would train nothing yet write checkpoints as if it had."""

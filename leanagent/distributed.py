@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from jsonargparse import Namespace
 
 from leanagent import compat
 from leanagent.errors import LeanAgentError
@@ -85,3 +86,44 @@ def process_group_timeout() -> timedelta | None:
     if not (dist.is_available() and dist.is_initialized()):
         return None
     return compat.process_group_timeout(dist.group.WORLD)
+
+
+def check_device_count(devices: Any) -> None:
+    """Lightning takes 0 and -2 for "no device" and fails later, or never."""
+    value = devices
+    if isinstance(devices, str) and devices.lstrip("-").isdigit():
+        value = int(devices)
+    if isinstance(value, int) and (value == 0 or value < -1):
+        raise LeanAgentError(f"trainer.devices must be a positive number of devices, -1 or 'auto', got {devices!r}")
+
+
+def configure_distributed(config: Namespace) -> None:
+    """Runs on every rank (Lightning's DDP re-executes the command): env, strategy, threads, GPU count."""
+    trainer = config.trainer
+    timeout = ONE_YEAR
+    strategy = trainer.strategy
+    if strategy is None:
+        trainer.strategy = Namespace(default_strategy(ONE_YEAR))
+        strategy = trainer.strategy
+    if isinstance(strategy, (Namespace, dict)) and is_ddp_class(str(strategy.get("class_path", ""))):
+        init_args = strategy.get("init_args") or Namespace()
+        if init_args.get("timeout") is None:
+            init_args["timeout"] = ONE_YEAR
+        timeout = parse_timeout(init_args["timeout"])
+        init_args["timeout"] = timeout
+        strategy["init_args"] = init_args
+    else:
+        name = strategy if isinstance(strategy, str) else strategy.get("class_path", strategy)
+        log.info("trainer.strategy %r was named explicitly: the one-year DDPStrategy was not injected", name)
+    set_nccl_env(timeout)
+    log.info(
+        "rank %s: TORCH_NCCL_ASYNC_ERROR_HANDLING=%s NCCL_TIMEOUT=%s (ms)",
+        os.environ.get("LOCAL_RANK", "0"), os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"], os.environ["NCCL_TIMEOUT"],
+    )
+
+    accelerator = str(trainer.accelerator)
+    check_device_count(trainer.devices)
+    check_gpu_count(accelerator, trainer.devices)
+    devices = trainer.devices
+    if uses_cpu(accelerator) and isinstance(devices, int) and devices > 1:
+        limit_cpu_threads(devices)

@@ -16,6 +16,16 @@ BUNDLED = REPO / "data" / "batteries"
 SHARED_DATA = next((p for p in (REPO / "shared", REPO.parent / "shared") if p.is_dir()), REPO.parent / "shared") / "data"
 
 
+def pytest_configure(config) -> None:
+    """Under xdist, each worker's torch takes its share of the cores: two workers of two threads each on a
+    2-core machine spend their time in each other's way (the fast stage ran hardly faster than one process)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        from leanagent.distributed import limit_cpu_threads
+
+        limit_cpu_threads(workers)
+
+
 def shared_data(*parts: str) -> Path:
     """A path under ../shared/data, or a skip that says why: only CI and developers have that folder."""
     path = SHARED_DATA.joinpath(*parts)

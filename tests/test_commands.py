@@ -52,6 +52,29 @@ def test_every_command_has_its_own_help(command, capsys):
     assert "--print_config" in out and "--config" in out
 
 
+@pytest.mark.parametrize("command", ["fit", "test", "lifelong"])
+def test_a_command_line_that_starts_with_its_command_parses_as_with_every_parser_built(command, capsys, monkeypatch):
+    """`main.py fit ...` builds fit's parser alone (cli.requested_command): what it resolves must not change."""
+    configs = LIFELONG_COMBINATIONS["mathlib"] if command == "lifelong" else FIT_COMBINATIONS["project"]
+    args = [command, *config_args(configs), "--print_config"]
+    code, alone, err = run_main(args, capsys)
+    assert code == 0, err
+    import leanagent.cli
+
+    monkeypatch.setattr(leanagent.cli, "requested_command", lambda args: None)
+    code, every, err = run_main(args, capsys)
+    assert code == 0, err
+    assert yaml.safe_load(alone) == yaml.safe_load(every)
+    assert ("repositories" if command == "lifelong" else "model") in yaml.safe_load(alone)
+
+
+def test_only_a_first_word_chooses_the_parser_built_alone():
+    from leanagent.cli import requested_command
+
+    assert [requested_command(a) for a in (["fit", "--help"], ["merge"], ["--config", "c.yaml", "fit"], ["fi"], [])] \
+        == ["fit", "merge", None, None, None]
+
+
 def test_lifelong_print_config_shows_the_composed_settings(capsys):
     code, out, _ = run_main(["lifelong", *config_args(LIFELONG_COMBINATIONS["mathlib"]), "--print_config"], capsys)
     assert code == 0
