@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from leanagent.errors import LeanAgentError
-from leanagent.io import broken_link
+from leanagent.io import missing_error
 
 FIT_STATE_KEY = "leanagent_fit"
 SPECIAL_CKPT_PATHS = ("last", "best", "hpc", "registry")
@@ -28,9 +28,7 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
     if p.is_dir():
         raise LeanAgentError(f"{what}: {p} is a folder, not a checkpoint file")
     if not p.is_file():
-        if (link := broken_link(p)) is not None:
-            raise LeanAgentError(f"{what}: {p} {link}")
-        raise LeanAgentError(f"{what}: checkpoint not found: {p}")
+        raise missing_error(p, f"{what}: ", f"{what}: checkpoint not found: {p}")
     try:
         with open(p, "rb") as f:
             head = f.read(16)

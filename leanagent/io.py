@@ -73,6 +73,13 @@ def broken_link(path: str | os.PathLike) -> str | None:
     return None
 
 
+def missing_error(path: str | os.PathLike, prefix: str, otherwise: str) -> LeanAgentError:
+    """The error for a path that names nothing: `{prefix}{path} is a symbolic link ...` where a link is at
+    fault (`broken_link`), else `otherwise`."""
+    link = broken_link(path)
+    return LeanAgentError(f"{prefix}{path} {link}" if link else otherwise)
+
+
 def require_file(path: str | os.PathLike, what: str) -> Path:
     """Fail early, naming the setting, instead of deep inside a loader."""
     p = Path(path)
@@ -81,9 +88,7 @@ def require_file(path: str | os.PathLike, what: str) -> Path:
     if not p.is_file():
         if p.exists():  # a device, a pipe: nothing a loader can read twice
             raise LeanAgentError(f"{what}: {p} is not a regular file")
-        if (link := broken_link(p)) is not None:
-            raise LeanAgentError(f"{what}: {p} {link}")
-        raise LeanAgentError(f"{what} not found: {p}")
+        raise missing_error(p, f"{what}: ", f"{what} not found: {p}")
     return p
 
 
@@ -91,8 +96,7 @@ def require_folder(path: str | os.PathLike, what: str) -> Path:
     """As `require_file`, for a folder setting."""
     p = Path(path)
     if not p.is_dir():
-        link = broken_link(p)
-        raise LeanAgentError(f"{what}: {p} {link}" if link else f"{what} is not a folder: {p}")
+        raise missing_error(p, f"{what}: ", f"{what} is not a folder: {p}")
     return p
 
 

@@ -12,7 +12,6 @@ import logging
 import signal
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any, Literal
 
 import pytorch_lightning as pl

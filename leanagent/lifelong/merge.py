@@ -53,7 +53,7 @@ from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.corpus.provenance import write_manifest
 from leanagent.corpus.tactics import read_theorems, tactic_states
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_open, broken_link, folder_lock, iter_jsonl, temporary_names, write_json
+from leanagent.io import atomic_open, folder_lock, iter_jsonl, missing_error, temporary_names, write_json
 
 log = logging.getLogger("leanagent")
 
@@ -303,16 +303,13 @@ def merge_datasets(
         try:
             path.resolve(strict=False)
         except (RuntimeError, OSError) as e:  # a symlink loop, a path too long
-            why = broken_link(path)
-            raise LeanAgentError(f"{path} {why}" if why else f"{path}: cannot resolve the path ({e})") from None
+            raise missing_error(path, "", f"{path}: cannot resolve the path ({e})") from None
     seen: dict[Path, Path] = {}
     for src in sources:
         if src.is_file():
             raise LeanAgentError(f"source {src} is a file, not a dataset folder (corpus.jsonl and split folders)")
         if not src.is_dir():
-            if (link := broken_link(src)) is not None:
-                raise LeanAgentError(f"source {src} {link}")
-            raise LeanAgentError(f"source dataset folder not found: {src}")
+            raise missing_error(src, "source ", f"source dataset folder not found: {src}")
         if src.resolve() in seen:  # the union would equal the one folder: a slip for another dataset
             raise LeanAgentError(f"source {src} is given twice (also as {seen[src.resolve()]}): give each dataset once")
         seen[src.resolve()] = src

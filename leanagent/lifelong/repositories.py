@@ -20,7 +20,7 @@ from pathlib import Path
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import read_theorems, require_positives, require_training_examples, tactic_states
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_write, broken_link, file_sha256, write_json
+from leanagent.io import atomic_write, file_sha256, missing_error, write_json
 
 SPLIT_FILES = ("train", "val", "test")
 
@@ -158,9 +158,7 @@ def read_splits(name: str, root: Path, split: str) -> dict[str, list[dict]]:
     """One repository's train/val/test theorems of a split folder, each with a list of traced tactics: the one
     reader of them that the split check and the curriculum share."""
     if not root.is_dir():
-        if (link := broken_link(root)) is not None:
-            raise LeanAgentError(f"repository {name!r}: {root} {link}")
-        raise LeanAgentError(f"repository {name!r}: dataset folder not found: {root}")
+        raise missing_error(root, f"repository {name!r}: ", f"repository {name!r}: dataset folder not found: {root}")
     out = {}
     for part in SPLIT_FILES:
         path = root / split / f"{part}.json"
@@ -208,9 +206,7 @@ def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None =
     if spec.data_root is not None:
         root = Path(spec.data_root)
         if not root.is_dir():
-            if (link := broken_link(root)) is not None:
-                raise LeanAgentError(f"repositories.data_root: {root} {link}")
-            raise LeanAgentError(f"repositories.data_root: {root} is not a folder")
+            raise missing_error(root, "repositories.data_root: ", f"repositories.data_root: {root} is not a folder")
         if spec.names and len(set(spec.names)) < len(spec.names):
             twice = sorted({n for n in spec.names if spec.names.count(n) > 1})
             raise LeanAgentError(f"repositories.names: {', '.join(twice)} given more than once; a repository is one stage")
@@ -227,8 +223,8 @@ def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None =
         repos = {name: root / name for name in names}
         for name, path in repos.items():
             if not path.is_dir():
-                why = broken_link(path) or ("is a file, not a dataset folder" if path.exists() else "does not exist")
-                raise LeanAgentError(f"repositories.names: {name!r}: {path} {why}")
+                why = "is a file, not a dataset folder" if path.exists() else "does not exist"
+                raise missing_error(path, f"repositories.names: {name!r}: ", f"repositories.names: {name!r}: {path} {why}")
             if not (path / "corpus.jsonl").is_file():
                 raise LeanAgentError(f"repositories.data_root: {path} has no corpus.jsonl")
         folders: dict[Path, str] = {}

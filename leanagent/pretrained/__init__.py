@@ -16,7 +16,7 @@ import torch
 
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import check_state_dict
-from leanagent.io import broken_link, file_sha256
+from leanagent.io import file_sha256, missing_error
 
 SHIPPED_DIR = Path(__file__).resolve().parent
 WEIGHTS_FORMAT = "leanagent-retriever-encoder"
@@ -39,11 +39,10 @@ def resolve(init_from: str, relative_to: Path | None = None) -> Path:
         path = relative_to / path
     if path.is_file():
         return path
-    if (link := broken_link(path)) is not None:
-        raise LeanAgentError(f"model.init_from: {path} {link}")
-    raise LeanAgentError(
+    raise missing_error(
+        path, "model.init_from: ",
         f"model.init_from: '{init_from}' is neither a shipped retriever ({', '.join(shipped_names()) or 'none installed'}) "
-        "nor an existing .safetensors or .ckpt file"
+        "nor an existing .safetensors or .ckpt file",
     )
 
 

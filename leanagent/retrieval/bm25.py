@@ -17,7 +17,6 @@ import os
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
-from typing import Iterable
 
 # bm25s runs a JAX top-k when it is imported, if JAX is installed (common on GPU machines): JAX then takes
 # 75% of every visible GPU's memory in each process, so the other ranks of a GPU node fail at import
