@@ -264,30 +264,27 @@ def resolve_special_ckpt_path(config: Namespace, subcommand: str) -> None:
 
 def check_outputs_writable(config: Namespace) -> None:
     """Find an unwritable output folder now, not after an epoch of training (or a whole prediction pass)."""
-    outputs: list[tuple[str, str]] = []
+    folders: list[tuple[str, str]] = []
     for i, callback in enumerate(config.trainer.get("callbacks") or []):
         if not isinstance(callback, Namespace):
             continue
-        init_args = callback.get("init_args") or Namespace()
-        what = f"trainer.callbacks[{i}] ({callback.class_path.rsplit('.', 1)[-1]})"
-        dirpath = init_args.get("dirpath")
+        dirpath = (callback.get("init_args") or Namespace()).get("dirpath")
         if not dirpath and callback.class_path == FINAL_LAST_CHECKPOINT:
             dirpath = default_dirpath(logger_name(config) or "lightning_logs", config.trainer.get("default_root_dir"))
         if dirpath:
-            outputs.append((f"{what} dirpath", dirpath))
-        if init_args.get("output_path"):
-            outputs.append(_file_output(f"{what} output_path", init_args.output_path))
+            folders.append((f"trainer.callbacks[{i}] ({callback.class_path.rsplit('.', 1)[-1]}) dirpath", dirpath))
     logger = config.trainer.get("logger")
     if isinstance(logger, Namespace) and logger.get("init_args", Namespace()).get("save_dir"):
-        outputs.append(("trainer.logger save_dir", logger.init_args.save_dir))
+        folders.append(("trainer.logger save_dir", logger.init_args.save_dir))
     model_args = model_init_args(config)
     if "output_path" in model_args and model_args.output_path == "":
         raise LeanAgentError("model.output_path is empty: give a file path")
-    if model_args.get("output_path"):
-        outputs.append(_file_output("model.init_args.output_path", model_args.output_path))
-    for what, folder in outputs:
-        ensure_writable(folder, what)
-    for what, path in _file_outputs(config, model_args):
+    files = _file_outputs(config, model_args)
+    for what, path in files:
+        _check_file_output(what, path)
+    for what, folder in [*folders, *((what, str(write_target(Path(path)).parent)) for what, path in files)]:
+        ensure_writable(folder, what)  # a link's target folder is what gets written
+    for what, path in files:
         for read_what, read in _inputs(config, model_args):
             if _same_file(path, read):
                 raise LeanAgentError(f"{what}: {path} is also {read_what}, which this run reads; writing it would "
@@ -309,16 +306,15 @@ def check_evaluated_splits(config: Namespace, subcommand: str | None) -> None:
                              f"has no {', '.join(missing)}{hint}")
 
 
-def _file_output(what: str, path: str | Path) -> tuple[str, str]:
-    p = Path(path)
-    if p.is_dir() or str(path).endswith(("/", os.sep)):
+def _check_file_output(what: str, path: str) -> None:
+    if Path(path).is_dir() or path.endswith(("/", os.sep)):
         raise LeanAgentError(f"{what}: {path} is a folder; give a file path")
-    if p.exists() and not p.is_file():  # a device (/dev/null) or a pipe: the atomic rename would replace it
+    if Path(path).exists() and not Path(path).is_file():  # a device (/dev/null) or a pipe: the rename would replace it
         raise LeanAgentError(f"{what}: {path} is not a regular file (a device or a pipe); give a file path")
-    return what, str(write_target(p).parent)  # a link's target is what gets written
 
 
 def _file_outputs(config: Namespace, model_args: Namespace) -> list[tuple[str, str]]:
+    """The files a run writes where the user names them: callbacks' and the model's output_path."""
     found = [(f"trainer.callbacks[{i}] ({c.class_path.rsplit('.', 1)[-1]}) output_path", str(c.init_args.output_path))
              for i, c in enumerate(config.trainer.get("callbacks") or [])
              if isinstance(c, Namespace) and (c.get("init_args") or Namespace()).get("output_path")]
