@@ -14,6 +14,12 @@ class ReportedError(LeanAgentError):
     where to look without a second `error:` line, and exits with the same code."""
 
 
+def refuse_repeats(values: list[str], setting: str, why: str) -> None:
+    """A list setting whose entries must differ (splits, repositories, setup names): all repeats named at once."""
+    if twice := sorted({v for v in values if values.count(v) > 1}):
+        raise LeanAgentError(f"{setting}: {', '.join(twice)} given more than once; {why}")
+
+
 # The disk, not the input: a full disk, a quota, a read-only mount.
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
 

@@ -29,7 +29,7 @@ from leanagent.corpus.tactics import (TacticStates, load_tactic_states, require_
 from leanagent.data.token_store import TokenTable, corpus_code_version, source_key, tokenize
 from leanagent.models.data_contract import OrdersTraining, Ranker, RetrievalData, TrainOrder
 from leanagent.models.tokenizer import load_tokenizer
-from leanagent.errors import LeanAgentError
+from leanagent.errors import LeanAgentError, refuse_repeats
 from leanagent.io import read_bytes, require_file, require_folder
 from leanagent.retrieval.bm25 import BM25Index
 
@@ -122,8 +122,7 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
         unknown = [s for s in predict_splits if s not in SPLITS]
         if unknown:
             raise LeanAgentError(f"data.predict_splits: unknown split(s) {unknown}; choose from {list(SPLITS)}")
-        if twice := sorted({s for s in predict_splits if predict_splits.count(s) > 1}):
-            raise LeanAgentError(f"data.predict_splits: {', '.join(twice)} given more than once (each is predicted once)")
+        refuse_repeats(list(predict_splits), "data.predict_splits", "each is predicted once")
         self.corpus_path = require_file(corpus_path, "data.corpus_path")
         self.data_path = require_folder(data_path, "data.data_path")
         if not any((self.data_path / f"{split}.json").is_file() for split in SPLITS):

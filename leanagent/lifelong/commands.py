@@ -16,7 +16,7 @@ from typing import Any, Literal
 from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from leanagent.cli_errors import check_config_files, summarize_parse_error
-from leanagent.errors import LeanAgentError
+from leanagent.errors import LeanAgentError, refuse_repeats
 from leanagent.io import ensure_writable, write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
 from leanagent.lifelong.report import final_averages
@@ -93,9 +93,7 @@ def ablation_settings(config: Namespace) -> AblationSettings:
         if not setup.name or setup.name in (".", "..") or any(c in setup.name for c in "/\\"):
             raise LeanAgentError(f"setups: name {setup.name!r} must be one folder name (its output folder in "
                                  "output_dir): no '/', '.' or '..'")
-    names = [setup.name for setup in setups]
-    if duplicated := sorted({name for name in names if names.count(name) > 1}):
-        raise LeanAgentError(f"setups: each needs its own name (its output folder); {', '.join(duplicated)} repeats")
+    refuse_repeats([setup.name for setup in setups], "setups", "each setup needs a name of its own (its output folder)")
     for path in [values["base"]] if isinstance(values["base"], str) else values["base"]:
         if not Path(path).is_file():
             raise LeanAgentError(f"base: {path} is not a file (the lifelong config each setup starts from)")

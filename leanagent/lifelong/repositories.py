@@ -19,7 +19,7 @@ from pathlib import Path
 
 from leanagent.corpus.corpus import Corpus
 from leanagent.corpus.tactics import read_theorems, require_positives, require_training_examples, tactic_states
-from leanagent.errors import LeanAgentError
+from leanagent.errors import LeanAgentError, refuse_repeats
 from leanagent.io import atomic_write, file_sha256, missing_error, write_json
 
 SPLIT_FILES = ("train", "val", "test")
@@ -207,9 +207,7 @@ def resolve_repositories(spec: Repositories, work_dir: Path, split: str | None =
         root = Path(spec.data_root)
         if not root.is_dir():
             raise missing_error(root, "repositories.data_root: ", f"repositories.data_root: {root} is not a folder")
-        if spec.names and len(set(spec.names)) < len(spec.names):
-            twice = sorted({n for n in spec.names if spec.names.count(n) > 1})
-            raise LeanAgentError(f"repositories.names: {', '.join(twice)} given more than once; a repository is one stage")
+        refuse_repeats(list(spec.names or []), "repositories.names", "a repository is one stage")
         if not spec.names:  # a folder with a split but no corpus is a dataset with a file missing, not something else
             for folder in sorted(p for p in root.iterdir() if p.is_dir() and not (p / "corpus.jsonl").is_file()):
                 if _split_folders(folder):

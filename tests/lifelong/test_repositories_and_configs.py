@@ -397,7 +397,7 @@ def test_a_damaged_state_json_is_refused_and_kept(tmp_path, state, fragment):
 @pytest.mark.parametrize("setups, fragment", [("[]", "has no setup"),
                                              ('[{"name": "x", "order": "given", "construction": "single_repo", "ewc": false},'
                                               ' {"name": "x", "order": "curriculum", "construction": "single_repo", "ewc": false}]',
-                                              "x repeats"),
+                                              "setups: x given more than once"),
                                              ('[{"name": "a/", "order": "given", "construction": "single_repo", "ewc": false}]',
                                               "name 'a/' must be one folder name"),
                                              ('[{"name": "..", "order": "given", "construction": "single_repo", "ewc": false}]',
