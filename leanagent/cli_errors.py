@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 from leanagent.errors import DISK_ERRNOS, LeanAgentError, write_failed
 from leanagent.io import broken_link
@@ -44,11 +45,14 @@ def check_config_files(argv: list[str], label: str = "--config") -> None:
             continue
         except UnicodeDecodeError as e:
             raise LeanAgentError(f"{label} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-        if expanded_values(text) > MAX_EXPANDED_VALUES:
+        tree = yaml_tree(text)  # composed once for the three checks; None: the parser says why
+        if tree is None:
+            continue
+        if expanded_values(tree) > MAX_EXPANDED_VALUES:
             raise LeanAgentError(f"{label} {path}: its aliases (*name) expand to more than {MAX_EXPANDED_VALUES:,} values (or refer to "
                                  "themselves), which the parser would expand for hours: write the settings out, or use fewer nested aliases")
-        check_sections(text, f"{label} {path}")
-        twice = duplicate_key(text)
+        check_sections(construct(tree, f"{label} {path}"), f"{label} {path}")
+        twice = duplicate_key(tree)
         if twice:
             key, line, first = twice
             raise LeanAgentError(f"{label} {path}:{line}: '{key}' is given twice in one mapping (first on line {first}); "
@@ -61,14 +65,49 @@ def check_config_files(argv: list[str], label: str = "--config") -> None:
 SECTIONS = ("trainer", "data", "progressive", "watchdog", "preemption", "repositories", "ewc")
 
 
-def check_sections(text: str, where: str) -> None:
-    """Each of SECTIONS that a config file gives must be a mapping of settings; `where` names the file."""
+def construct(tree: Any, where: str, lines: bool = True) -> Any:
+    """The values of a `yaml_tree`, or None where the parser will say why. PyYAML fails on an explicitly tagged
+    scalar it cannot read (`!!float x`, `!!timestamp x`) with a bare ValueError or AttributeError that names no
+    file or line: that becomes one error naming both; `where` names the file (`lines`) or the flag."""
     import yaml
 
     try:
-        root = yaml.safe_load(text)
+        return _construct(tree)
     except yaml.YAMLError:
-        return  # the parser says why, with the line
+        return None
+    except Exception as e:  # noqa: BLE001 - PyYAML's constructors raise whatever int(), float() or re raise
+        stack, seen = [tree], set()
+        while stack:  # the first scalar that fails on its own, in the file's order
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, yaml.ScalarNode):
+                try:
+                    _construct(node)
+                except Exception:  # noqa: BLE001
+                    kind = node.tag.rsplit(":", 1)[-1]
+                    at = f"{where}:{node.start_mark.line + 1}" if lines else where
+                    raise LeanAgentError(f"{at}: {node.value!r} is not a valid {kind}, "
+                                         f"which its tag !!{kind} asks for: fix the value or drop the tag") from None
+            else:
+                children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else node.value
+                stack.extend(reversed(children))
+        raise LeanAgentError(f"{where}: cannot be read as YAML ({type(e).__name__}: {e})") from None
+
+
+def _construct(node: Any) -> Any:
+    import yaml
+
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def check_sections(root: Any, where: str) -> None:
+    """Each of SECTIONS that a config file (`construct`ed) gives must be a mapping of settings; `where` names it."""
     if not isinstance(root, dict):
         return
     for key in SECTIONS:
@@ -77,27 +116,33 @@ def check_sections(text: str, where: str) -> None:
                                  f"block), got {_kind(root[key])}; leave it out for the defaults")
 
 
+def flag_values(argv: list[str]) -> list[tuple[str, str]]:
+    """(`--name`, value) for each `--name=value` and `--name value` of a command line."""
+    found = []
+    for i, arg in enumerate(argv):
+        name, eq, given = arg.partition("=")
+        if not name.startswith("--"):
+            continue
+        if eq:
+            found.append((name, given))
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            found.append((name, argv[i + 1]))
+    return found
+
+
 def check_section_flags(argv: list[str]) -> None:
     """`--trainer=null` or `--progressive 3` on the command line: jsonargparse blamed the config file, as
     "configs/retrieval.yaml: progressive.progressive: Unable to load config". A mapping (`--trainer '{...}'`) or
-    a file of settings (`--trainer overlay.yaml`) is what such a flag takes."""
-    import yaml
-
-    for i, arg in enumerate(argv):
-        name, eq, given = arg.partition("=")
-        if name[2:] not in SECTIONS or not name.startswith("--"):
+    a file of settings (`--trainer overlay.yaml`) is what such a flag takes. A tagged value PyYAML cannot read
+    (`--trainer.max_epochs='!!int 0x'`) is refused here too: the parser raised it as a bare ValueError."""
+    for name, given in flag_values(argv):
+        section = name[2:] in SECTIONS
+        if not (section or "!!" in given) or Path(given).is_file():
             continue
-        if not eq:
-            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                continue  # no value: jsonargparse says so
-            given = argv[i + 1]
-        if Path(given).is_file():
-            continue
-        try:
-            value = yaml.safe_load(given)
-        except yaml.YAMLError:
-            continue  # the parser says why
-        if not isinstance(value, dict):
+        tree = yaml_tree(given)  # None: empty, or not YAML
+        value = construct(tree, f"{name}={given}", lines=False) if tree is not None else None
+        read = not given.strip() or tree is not None and (value is not None or tree.tag == "tag:yaml.org,2002:null")
+        if section and read and not isinstance(value, dict):  # what is not YAML, the parser says why
             raise LeanAgentError(f"{name}={given}: '{name[2:]}' must be a mapping of settings ({name} '{{key: value}}', "
                                  f"a YAML file of them, or {name}.KEY=VALUE), got {_kind(value)}")
 
@@ -110,15 +155,23 @@ def _kind(value: object) -> str:
 MAX_EXPANDED_VALUES = 1_000_000  # far above any real config; an alias bomb's expansion is exponential
 
 
-def expanded_values(text: str) -> float:
-    """How many values the YAML holds once every alias is expanded (as jsonargparse expands it), counted
-    without expanding; 0 when the text is not YAML (the parser then says why)."""
+def yaml_tree(text: str) -> Any:
+    """The YAML's node graph, aliases not expanded (an alias is the node it names), or None when the text is
+    not YAML or is empty."""
     import yaml
 
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
-        return 0
+        return None
+
+
+def expanded_values(tree: Any) -> float:
+    """How many values a `yaml_tree` (or YAML text) holds once every alias is expanded, as jsonargparse expands
+    them, counted without expanding; 0 when there is nothing."""
+    import yaml
+
+    root = yaml_tree(tree) if isinstance(tree, str) else tree
     sizes: dict[int, float] = {}
 
     def size(node: yaml.Node) -> float:
@@ -135,15 +188,12 @@ def expanded_values(text: str) -> float:
         return math.inf
 
 
-def duplicate_key(text: str) -> tuple[str, int, int] | None:
-    """(key, line, line of its first occurrence) of the first key a YAML mapping holds twice; None when there is
-    none or the text is not YAML (the parser then says why)."""
+def duplicate_key(tree: Any) -> tuple[str, int, int] | None:
+    """(key, line, line of its first occurrence) of the first key a mapping of a `yaml_tree` (or YAML text)
+    holds twice; None when there is none."""
     import yaml
 
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return None
+    root = yaml_tree(tree) if isinstance(tree, str) else tree
     stack = [root] if root is not None else []
     seen_nodes: set[int] = set()  # an alias is the node it names: walked once, not once per alias
     while stack:

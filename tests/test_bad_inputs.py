@@ -86,6 +86,18 @@ def test_a_yaml_alias_bomb_is_refused_at_once(capsys, in_tmp):
     assert expanded_values("a: &a [1, 2]\nb: [*a, *a]\n") == 1 + 2 + 3 + (1 + 3 + 3)
 
 
+@pytest.mark.parametrize("kind, value", [("timestamp", "soon"), ("int", "0x"), ("float", "one")])
+def test_a_tagged_value_yaml_cannot_read_is_one_error_in_a_file_or_a_flag(kind, value, capsys, in_tmp):
+    """PyYAML raised these as a bare AttributeError or ValueError traceback, naming no file, line or flag."""
+    (in_tmp / "tagged.yaml").write_text(f"trainer:\n  max_epochs: 2\n  max_steps: !!{kind} {value}\n")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, "--config", "tagged.yaml", *ONE_CPU],
+              f"--config tagged.yaml:3: '{value}' is not a valid {kind}, which its tag !!{kind} asks for")
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, f"--trainer={{max_steps: !!{kind} {value}}}"],
+              f"--trainer={{max_steps: !!{kind} {value}}}: '{value}' is not a valid {kind}")
+    one_error(capsys, ["lifelong", "--config", str(REPO / "configs" / "lifelong.yaml"), f"--ewc.ewc_lambda=!!{kind} {value}"],
+              f"--ewc.ewc_lambda=!!{kind} {value}: '{value}' is not a valid {kind}")
+
+
 def test_a_logger_whose_package_is_missing_says_which(capsys, in_tmp, toy_dataset):
     import importlib.util
 
