@@ -38,6 +38,7 @@ from leanagent.cli_config import (
     resolve_special_ckpt_path,
     use_final_last_checkpoint,
 )
+from leanagent.console import process_rank, setup_logging
 from leanagent.cli_errors import check_config_files, summarize_parse_error, user_error
 from leanagent.compat import add_subcommand
 from leanagent.errors import LeanAgentError, ReportedError
@@ -213,7 +214,7 @@ class LeanAgentCLI(LightningCLI):
             trainer = super().instantiate_trainer(**kwargs)
         except (ValueError, TypeError, MisconfigurationException) as e:  # Lightning's checks of the trainer's settings
             raise LeanAgentError(f"trainer: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
-        if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
+        if process_rank() == "0":
             note_log_dir(getattr(trainer.logger, "log_dir", None))  # CSV and TensorBoard loggers' version_N
         return trainer
 
@@ -280,16 +281,6 @@ def adopt_checkpoint_hparams(config: Namespace, checkpoint: dict[str, Any], expl
     return adopted
 
 
-def _setup_logging() -> None:
-    logger = logging.getLogger("leanagent")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[leanagent] %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
 def requested_command(args: Any) -> str | None:
     """The subcommand a command line starts with (`fit`, `lifelong`, ...), or None: build every parser.
 
@@ -308,7 +299,7 @@ class CommandFinished(Exception):
 
 
 def main(args: list[str] | None = None) -> None:
-    _setup_logging()
+    setup_logging()
     argv = sys.argv[1:] if args is None else args
     _install_fault_handling()
     command = argv[0] if argv and not argv[0].startswith("-") else "the command"
@@ -338,7 +329,7 @@ def main(args: list[str] | None = None) -> None:
         if found is None:
             _exit_if_collective_failed(e)
             raise
-        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))  # RANK: global, set by torchrun
+        rank = process_rank()
         prefix = "error" if rank == "0" else f"error (rank {rank})"
         if rank == "0":
             from leanagent.faults.state import state

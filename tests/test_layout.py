@@ -12,7 +12,7 @@ PACKAGE = REPO / "leanagent"
 
 # Lowest first. A module may import from its own layer or a lower one (README, "Layout").
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "io", "checkpoint_files", "distributed", "compat", "cli_errors", "precision", "interrupts"),
+    ("errors", "io", "checkpoint_files", "distributed", "compat", "cli_errors", "precision", "interrupts", "console"),
     ("faults",),
     ("corpus",),
     ("retrieval",),

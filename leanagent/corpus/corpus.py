@@ -22,7 +22,7 @@ from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.errors import LeanAgentError
 from leanagent.io import iter_jsonl
 
-log = logging.getLogger("leanagent")
+log = logging.getLogger("leanagent.corpus")  # rank 0 alone prints it (leanagent/console.py)
 
 _LINE = 1 << 24
 _MAX_LINE = 1 << 38

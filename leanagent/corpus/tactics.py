@@ -12,7 +12,7 @@ from leanagent.corpus.corpus import Corpus, _field, position_key
 from leanagent.errors import LeanAgentError
 from leanagent.io import read_json
 
-log = logging.getLogger("leanagent")
+log = logging.getLogger("leanagent.corpus")  # rank 0 alone prints it (leanagent/console.py)
 
 
 @dataclass
