@@ -164,6 +164,12 @@ def run_merge(config: Namespace) -> None:
     counts = ", ".join(f"{name} {parts}" for name, parts in stats.theorems.items())
     print(f"merged {len(config.sources)} datasets into {config.out}: {stats.files} files, {stats.premises} premises; "
           f"theorems: {counts}")
+    for name, count in stats.repeated_theorems.items():
+        if count:  # LeanDojo names a theorem by its file and full name: the last source's copy is kept
+            moved = stats.kept_out_of_train.get(name, 0)
+            print(f"{name}: {count} theorem(s) given more than once (same file_path and full_name) were kept once, "
+                  f"as the last source gives them" + (f"; {moved} of them left train for another source's val or test"
+                                                      if moved else ""))
 
 
 def format_table(rows: list[dict]) -> str:

@@ -21,7 +21,8 @@ Corpus (``corpus.jsonl``)
 Theorems (each split folder, e.g. ``random/``, merged on its own)
   * Deduplicated by (file_path, full_name). The record is the one from the last source
     that has the theorem (LeanAgent uses the most recently added repository's copy); its
-    position is where it was first seen.
+    position is where it was first seen. `MergeStats.repeated_theorems` counts them, and the
+    `merge` command prints the count.
   * Its split is the strictest it has in any source: test > val > train. A theorem that
     any source tests on is never trained on, and one any source validates on is never
     trained on either. For ``novel_premises`` this keeps theorems out of train but does not
@@ -70,7 +71,8 @@ class MergeStats:
 
     `merged_files`: paths written as a union because their records differed between
     sources (or repeated a premise or import); `kept_out_of_train[split]`: theorems that a
-    source had in train but another source had in val or test, so they left train.
+    source had in train but another source had in val or test, so they left train;
+    `repeated_theorems[split]`: theorems (file_path, full_name) given more than once, kept once.
     """
 
     files: int
@@ -78,6 +80,7 @@ class MergeStats:
     merged_files: int
     theorems: dict[str, dict[str, int]] = field(default_factory=dict)
     kept_out_of_train: dict[str, int] = field(default_factory=dict)
+    repeated_theorems: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -188,9 +191,11 @@ def _merged_record(f: _File) -> dict[str, Any]:
     return {**f.record, "imports": f.imports, "premises": premises}
 
 
-def _merge_split(sources: list[Path], split: str, read: dict[Path, list]) -> tuple[dict[str, list[dict]], int]:
-    """Theorem lists of one split folder (its files' theorems in `read`), and how many were kept out of train."""
+def _merge_split(sources: list[Path], split: str, read: dict[Path, list]) -> tuple[dict[str, list[dict]], int, int]:
+    """Theorem lists of one split folder (its files' theorems in `read`), how many were kept out of train, and
+    how many were given more than once."""
     best: dict[tuple[str, str], list] = {}
+    repeated = 0
     for src in sources:
         for part in SPLIT_FILES:
             path = src / split / f"{part}.json"
@@ -200,13 +205,14 @@ def _merge_split(sources: list[Path], split: str, read: dict[Path, list]) -> tup
                 ):
                     raise LeanAgentError(f"{path}: theorem #{k} needs string 'file_path' and 'full_name'")
                 key = (thm["file_path"], thm["full_name"])
+                repeated += key in best
                 entry = best.setdefault(key, [_RANK[part], thm, False])
                 entry[0] = max(entry[0], _RANK[part])
                 entry[1] = thm
                 entry[2] = entry[2] or part == "train"
     out = {part: [thm for rank, thm, _ in best.values() if rank == _RANK[part]] for part in SPLIT_FILES}
     moved = sum(1 for rank, _, was_train in best.values() if was_train and rank > _RANK["train"])
-    return out, moved
+    return out, moved, repeated
 
 
 def _check_theorems(sources: list[Path], read: dict[Path, list], merged_corpus: Path) -> None:
@@ -341,8 +347,9 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
     read = {path: read_theorems(path) for path in _split_files(sources, splits)}  # once, for the merge and its check
     theorems = {}
     kept_out = {}
+    repeated = {}
     for name in splits:
-        theorems[name], kept_out[name] = _merge_split(sources, name, read)
+        theorems[name], kept_out[name], repeated[name] = _merge_split(sources, name, read)
 
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -382,4 +389,5 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
         merged_files=sum(f.rebuild for f in files.values()),
         theorems={n: {part: len(thms) for part, thms in parts.items()} for n, parts in theorems.items()},
         kept_out_of_train=kept_out,
+        repeated_theorems=repeated,
     )

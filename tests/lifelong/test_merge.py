@@ -94,6 +94,7 @@ def test_merge_counts_and_contents(sources, tmp_path):
     # train in b) leave train
     assert stats.theorems == {"random": {"train": 3, "val": 2, "test": 2}}
     assert stats.kept_out_of_train == {"random": 2}
+    assert stats.repeated_theorems == {"random": 3}
 
     corpus, parts = read_merged(out)
     assert [f["path"] for f in corpus] == ["Init.lean", "A.lean", "B.lean", "C.lean"]
@@ -382,7 +383,10 @@ def test_merge_command_writes_the_union_and_reports_errors_in_one_line(sources, 
 
     out = tmp_path / "merged"
     main(["merge", "--out", str(out), str(sources[0]), str(sources[1]), "--split", "[random]"])
-    assert "merged 2 datasets" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "merged 2 datasets" in printed  # a and b both give Leak and Shared, which leave train (test, val in one)
+    assert "random: 2 theorem(s) given more than once (same file_path and full_name) were kept once" in printed
+    assert "; 2 of them left train for another source's val or test" in printed
     assert (out / "corpus.jsonl").is_file() and (out / "random" / "train.json").is_file()
     assert not (out / "novel_premises").exists()
     with pytest.raises(SystemExit) as stop:
