@@ -182,12 +182,32 @@ def _parse_failure(e: Exception) -> str | None:
     return None
 
 
+class _KeyTwice(ValueError):
+    def __init__(self, key: str, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(key)
+        self.key = key
+        name = next((v for k, v in pairs if k in ("full_name", "path", "name") and isinstance(v, str)), None)
+        self.where = f" (the one with {next(k for k, v in pairs if v is name)} '{name}')" if name else ""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object that gives a key twice: json keeps the last value and drops the other without a word."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen: set[str] = set()
+        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)), pairs)
+    return value
+
+
 def _loads(text: str, p: Path, lineno: int | None) -> Any:
     """`json.loads` with each way it fails as one error line. `lineno` is the JSONL line `text` is, or None
     for a whole JSON file (whose errors then name the line inside it)."""
     what = "malformed JSON" if lineno is None else "malformed JSON line"
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+    except _KeyTwice as e:
+        raise LeanAgentError(f"{p if lineno is None else f'{p}:{lineno}'}: '{e.key}' is given twice in one object{e.where}; "
+                             "JSON would keep the last and drop the other without a word: keep one") from None
     except json.JSONDecodeError as e:
         # json's message ends "... at" where its text gave the place: the column says where in the line
         raise LeanAgentError(f"{p}:{lineno or e.lineno}: {what} ({e.msg.removesuffix(' at')} at column {e.colno})") from None

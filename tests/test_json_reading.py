@@ -73,3 +73,20 @@ def test_a_byte_order_mark_opening_a_file_is_skipped_and_one_elsewhere_is_an_err
     (tmp_path / "corpus.jsonl").write_bytes(b'{"a": 1}\n' + bom + b'{"b": 2}\n')  # not where an editor puts one
     with pytest.raises(LeanAgentError, match=r"corpus\.jsonl:2: malformed JSON line"):
         list(iter_jsonl(tmp_path / "corpus.jsonl"))
+
+
+def test_a_key_given_twice_in_one_object_is_refused_and_the_same_key_in_other_objects_is_not(tmp_path):
+    """json keeps the last of two values and drops the other without a word: a theorem named twice, a
+    corpus file with two import lists, is a damaged file."""
+    path = tmp_path / "val.json"
+    path.write_text('[{"file_path": "A.lean", "full_name": "t", "traced_tactics": [{"tactic": "simp"}]},\n'
+                    ' {"file_path": "A.lean", "full_name": "u", "full_name": "v"}]\n')
+    with pytest.raises(LeanAgentError, match=r"val\.json: 'full_name' is given twice in one object \(the one with "
+                                             r"full_name 'u'\)"):
+        read_json(path)
+    lines = tmp_path / "corpus.jsonl"
+    lines.write_text('{"path": "A.lean", "imports": []}\n{"path": "B.lean", "imports": [], "premises": [], "imports": ["A"]}\n')
+    with pytest.raises(LeanAgentError, match=r"corpus\.jsonl:2: 'imports' is given twice in one object \(the one with path 'B.lean'\)"):
+        list(iter_jsonl(lines))
+    path.write_text('[{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}]')
+    assert read_json(path) == [{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}]}]
