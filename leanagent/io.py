@@ -183,11 +183,13 @@ def _parse_failure(e: Exception) -> str | None:
 
 
 class _KeyTwice(ValueError):
+    """`key` given twice in one object; `where` names the object by its full_name, path or name, if it has one."""
+
     def __init__(self, key: str, pairs: list[tuple[str, Any]]) -> None:
         super().__init__(key)
         self.key = key
-        name = next((v for k, v in pairs if k in ("full_name", "path", "name") and isinstance(v, str)), None)
-        self.where = f" (the one with {next(k for k, v in pairs if v is name)} '{name}')" if name else ""
+        named = next(((k, v) for k, v in pairs if k in ("full_name", "path", "name") and isinstance(v, str)), None)
+        self.where = f" (the one with {named[0]} '{named[1]}')" if named else ""
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
