@@ -144,9 +144,16 @@ def test_a_preempted_fisher_pass_says_to_rerun_not_to_resume(retriever_checkpoin
     assert "--ckpt_path" not in message and not list(tmp_path.glob("*.ckpt"))
 
 
-def test_a_fisher_pass_at_another_sequence_length_than_its_checkpoints_says_so(retriever_checkpoint, tmp_path, caplog):
+def test_a_fisher_pass_at_another_sequence_length_than_its_checkpoints_says_so_once(retriever_checkpoint, tmp_path,
+                                                                                     caplog, monkeypatch):
+    for name in ("RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
     with caplog.at_level("WARNING", logger="leanagent"):
         FisherInformation(ckpt_path=str(retriever_checkpoint), output_path=str(tmp_path / "f.safetensors"), max_seq_len=64)
         assert "max_seq_len" not in caplog.text  # the checkpoint's own length
+        monkeypatch.setenv("LOCAL_RANK", "1")  # under DDP, every rank builds the module: rank 0 alone warns
+        FisherInformation(ckpt_path=str(retriever_checkpoint), output_path=str(tmp_path / "f.safetensors"), max_seq_len=32)
+        assert "max_seq_len" not in caplog.text
+        monkeypatch.setenv("LOCAL_RANK", "0")
         FisherInformation(ckpt_path=str(retriever_checkpoint), output_path=str(tmp_path / "f.safetensors"), max_seq_len=32)
     assert "was trained on data.max_seq_len=64; this Fisher pass reads 32 bytes per input" in caplog.text

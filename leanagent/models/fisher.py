@@ -25,6 +25,7 @@ import pytorch_lightning as pl
 import torch
 import torch.distributed as dist
 
+from leanagent.console import process_rank
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import save_fisher
 from leanagent.faults.watchdog import beat
@@ -68,7 +69,8 @@ class FisherInformation(pl.LightningModule):
         self.chunk_size = chunk_size
         self.retriever = load_retriever(ckpt_path, model_name, what="model.ckpt_path")
         trained_len = self.retriever.hparams.get("max_seq_len")
-        if trained_len is not None and trained_len != max_seq_len:  # valid, but weighed on inputs cut elsewhere
+        # Valid, but weighed on inputs cut elsewhere; every rank builds this module alike, so rank 0 says it.
+        if trained_len is not None and trained_len != max_seq_len and process_rank() == "0":
             log.warning("model.ckpt_path %s was trained on data.max_seq_len=%d; this Fisher pass reads %d bytes per "
                         "input (pass --data.max_seq_len=%d to weigh what it trained on)", ckpt_path, trained_len,
                         max_seq_len, trained_len)
