@@ -195,7 +195,7 @@ def _merge_split(sources: list[Path], split: str, read: dict[Path, list]) -> tup
     """Theorem lists of one split folder (its files' theorems in `read`), how many were kept out of train, and
     how many were given more than once."""
     best: dict[tuple[str, str], list] = {}
-    repeated = 0
+    repeated: set[tuple[str, str]] = set()  # theorems, not their extra copies: one given three times counts once
     for src in sources:
         for part in SPLIT_FILES:
             path = src / split / f"{part}.json"
@@ -205,14 +205,15 @@ def _merge_split(sources: list[Path], split: str, read: dict[Path, list]) -> tup
                 ):
                     raise LeanAgentError(f"{path}: theorem #{k} needs string 'file_path' and 'full_name'")
                 key = (thm["file_path"], thm["full_name"])
-                repeated += key in best
+                if key in best:
+                    repeated.add(key)
                 entry = best.setdefault(key, [_RANK[part], thm, False])
                 entry[0] = max(entry[0], _RANK[part])
                 entry[1] = thm
                 entry[2] = entry[2] or part == "train"
     out = {part: [thm for rank, thm, _ in best.values() if rank == _RANK[part]] for part in SPLIT_FILES}
     moved = sum(1 for rank, _, was_train in best.values() if was_train and rank > _RANK["train"])
-    return out, moved, repeated
+    return out, moved, len(repeated)
 
 
 def _check_theorems(sources: list[Path], read: dict[Path, list], merged_corpus: Path) -> None:

@@ -439,3 +439,11 @@ def test_premises_every_reader_skips_pass_through_a_merge(tmp_path):
     assert corpus[1]["premises"] == [null]  # B.lean is written as it came
     assert stats.premises == 2
     assert sorted(Corpus.from_jsonl(tmp_path / "m" / "corpus.jsonl").names) == ["a1", "a2"]
+
+
+def test_a_theorem_three_sources_give_counts_once_as_repeated(tmp_path):
+    srcs = [tmp_path / n for n in "abc"]
+    read = {src / "random" / f"{part}.json": ([thm("A.lean", "T"), thm("A.lean", f"own-{src.name}")] if part == "train" else [])
+            for src in srcs for part in ("train", "val", "test")}
+    out, moved, repeated = merge_module._merge_split(srcs, "random", read)
+    assert repeated == 1 and moved == 0 and len(out["train"]) == 4  # T, own-a, own-b, own-c
