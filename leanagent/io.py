@@ -280,6 +280,16 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
         raise
 
 
+def sync_to_disk(path: str | os.PathLike) -> None:
+    """fsync a file another writer closed (safetensors, torch.save, Lightning's checkpoints): before a rename or
+    a record (state.json) points at it, so that a power cut cannot leave the pointer and lose what it names."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """For writers that take a file name (safetensors, matplotlib): `write(tmp_path)` then rename."""
     target = Path(path)
@@ -289,6 +299,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        sync_to_disk(tmp)
         _publish(tmp, target)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
@@ -350,9 +361,12 @@ def write_csv(path: str | os.PathLike, rows: list[dict[str, Any]]) -> None:
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes, read in blocks: the fingerprint records of data and weights carry."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise unreadable(Path(path), e) from None
     return digest.hexdigest()
 
 

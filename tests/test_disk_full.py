@@ -80,3 +80,23 @@ def test_a_writer_that_reports_a_full_disk_in_its_own_words_still_names_the_file
         atomic_write(target, save)
     assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(target)
     assert not (tmp_path / "new").exists()
+
+
+def test_files_written_whole_then_renamed_reach_the_disk_before_their_name(tmp_path, monkeypatch):
+    """A power cut after the rename must not leave the name on an empty file: the temporary file is synced first,
+    for writers that close the file themselves (torch.save, safetensors) as for our own JSON."""
+    import os
+
+    from leanagent.io import atomic_write, write_json, write_safetensors
+
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))), fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (events.append(("replace", str(src))), replace(src, dst))[1])
+    atomic_write(tmp_path / "a.ckpt", lambda tmp: torch.save({"w": torch.ones(2)}, tmp))
+    write_safetensors(tmp_path / "b.safetensors", {"w": torch.ones(2)}, {"k": "v"})
+    write_json(tmp_path / "c.json", {"k": 1})
+    renamed = [path for kind, path in events if kind == "replace"]
+    assert len(renamed) == 3
+    for path in renamed:
+        assert events.index(("fsync", path)) < events.index(("replace", path)), events
