@@ -290,6 +290,8 @@ def user_error(error: BaseException | None) -> LeanAgentError | None:
             return error
         if isinstance(error, OSError) and error.errno in DISK_ERRNOS:  # a full disk anywhere: logs, outputs, /tmp
             return write_failed(error)
+        if isinstance(error, PermissionError) and error.filename:  # a file or folder of the user's, not a bug of ours
+            return LeanAgentError(f"{error.filename}: {error.strerror or 'permission denied'} (check its owner and mode)")
         if isinstance(error, ValueError) and str(error).strip().startswith("`val_check_interval` ("):
             # Lightning's, raised once the fit knows its batch count: a setting, not a bug
             return LeanAgentError(f"trainer.{str(error).strip().replace('`', '').split('. If you want')[0]} of an epoch "

@@ -121,6 +121,35 @@ def test_a_missing_package_is_a_user_error_but_a_missing_module_of_ours_is_a_bug
             assert (user_error(e) is None) == name.startswith("leanagent"), name
 
 
+def test_a_file_the_user_may_not_read_is_one_error_naming_it(tmp_path, monkeypatch):
+    """Root reads every file, so the refusal is injected: where a lifelong run fingerprints its configs and data,
+    and anywhere else, by the CLI's last resort, instead of a PermissionError traceback."""
+    import errno
+
+    from leanagent.cli_errors import user_error
+    from leanagent.io import file_sha256
+    from leanagent.lifelong.settings import LifelongSettings, settings_fingerprint
+
+    config = tmp_path / "fisher.yaml"
+    config.write_text("model: {}\n")
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    with pytest.raises(LeanAgentError, match=r"fisher\.yaml: cannot read \(Permission denied\)"):
+        settings_fingerprint(LifelongSettings(retrieval_config=str(config), fisher_config=str(config)))
+    monkeypatch.undo()
+    monkeypatch.setattr("builtins.open", lambda path, *args, **kwargs: refused(path))
+    with pytest.raises(LeanAgentError, match=r"fisher\.yaml: cannot read \(Permission denied\)"):
+        file_sha256(config)
+    monkeypatch.undo()
+    assert user_error(RuntimeError("a bug of ours")) is None
+    wrapped = RuntimeError("a library's wrapper")
+    wrapped.__cause__ = PermissionError(errno.EACCES, "Permission denied", "/data/corpus.jsonl")
+    assert str(user_error(wrapped)) == "/data/corpus.jsonl: Permission denied (check its owner and mode)"
+
+
 @pytest.mark.parametrize("name", ["missing.yaml", "folder"])
 def test_a_config_that_names_no_file_says_so(capsys, in_tmp, name):
     (in_tmp / "folder").mkdir()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from leanagent.errors import LeanAgentError
+from leanagent.io import read_bytes
 from leanagent.lifelong.repositories import Repositories
 from leanagent.precision import PRECISIONS
 
@@ -60,7 +61,7 @@ def settings_fingerprint(settings: LifelongSettings) -> str:
         described["ewc"] = asdict(EWCSettings(enabled=False))
     for key in ("retrieval_config", "fisher_config"):
         described[f"{key}_sha256"] = [
-            hashlib.sha256(Path(p).read_bytes()).hexdigest() if Path(p).is_file() else None for p in config_list(described[key])
+            hashlib.sha256(read_bytes(p, key)).hexdigest() if Path(p).is_file() else None for p in config_list(described[key])
         ]
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
