@@ -30,7 +30,10 @@ def start_weights(resolved_fit_config: str, fit_dir: Path) -> dict | None:
 def check_start_weights(recorded: dict | None, now: dict | None, out: Path) -> None:
     """A run resumed on other starting weights than it began with is another run (its finished stages learned
     from the old ones): refused, as other settings are."""
-    if recorded is None or recorded == now:
+    if recorded is None:
+        return
+    # The weights, not where they lie: a checkout moved or reinstalled elsewhere finds the same file at another path.
+    if now is not None and (now["init_from"], now["sha256"]) == (recorded["init_from"], recorded["sha256"]):
         return
     if now is None or now.get("init_from") != recorded.get("init_from"):
         raise LeanAgentError(f"{out} holds a lifelong run with other settings; choose another output_dir or delete it")

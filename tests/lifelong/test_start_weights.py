@@ -65,6 +65,14 @@ def test_changed_start_weights_are_refused_and_unchanged_ones_pass(tmp_path):
     recorded_start_unchanged(recorded, tmp_path)
 
 
+def test_the_same_weights_found_at_another_path_are_the_same_start(tmp_path):
+    """A checkout moved or reinstalled elsewhere: the shipped name resolves to a new path, with the same bytes."""
+    recorded = {**start_weights(resolved("leanagent-base"), tmp_path), "path": str(tmp_path / "old" / BASE.name)}
+    check_start_weights(recorded, start_weights(resolved("leanagent-base"), tmp_path), tmp_path)
+    with pytest.raises(LeanAgentError, match="has changed since the run"):
+        check_start_weights({**recorded, "sha256": "0" * 64}, start_weights(resolved("leanagent-base"), tmp_path), tmp_path)
+
+
 @pytest.mark.slow  # a real one-stage lifelong run, then the same command again
 def test_a_finished_run_is_not_resumed_on_other_start_weights(tmp_path):
     repos = tiny_repositories(tmp_path / "repos")
