@@ -485,11 +485,11 @@ def test_a_signal_handler_passes_nothing_on_to_the_other_ranks(monkeypatch):
 
 def test_a_lifelong_stage_runs_in_its_own_process_group_and_leaves_the_advice_to_the_runner(tmp_path):
     """killpg (a terminal's Ctrl-C) on the runner's group must not reach the stage a second time."""
-    from leanagent.lifelong.runner import _run
+    from leanagent.lifelong.stage_commands import run_stage
 
     check = ("import os, sys; sys.exit(0 if os.getpgid(0) == os.getpid() != os.getpgid(os.getppid()) "
              "and os.environ.get('LEANAGENT_LIFELONG_STAGE') == '1' else 7)")
-    _run([sys.executable, "-c", check], tmp_path, "stage 0 check")  # raises if the stage exited 7
+    run_stage([sys.executable, "-c", check], tmp_path, "stage 0 check")  # raises if the stage exited 7
 
 
 @pytest.mark.slow
@@ -499,8 +499,8 @@ def test_a_lifelong_stage_dies_with_its_runner(tmp_path):
     stage_script = tmp_path / "stage.py"
     stage_script.write_text(f"import os, time\nopen({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
     script = tmp_path / "runner.py"
-    script.write_text("import sys\nfrom pathlib import Path\nfrom leanagent.lifelong.runner import _run\n"
-                      f"_run([sys.executable, {str(stage_script)!r}], Path(sys.argv[1]), 'stage 0 sleep')\n")
+    script.write_text("import sys\nfrom pathlib import Path\nfrom leanagent.lifelong.stage_commands import run_stage\n"
+                      f"run_stage([sys.executable, {str(stage_script)!r}], Path(sys.argv[1]), 'stage 0 sleep')\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runner = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, start_new_session=True)
     deadline = time.time() + 60

@@ -10,6 +10,7 @@ from leanagent.lifelong.lifelong_metrics import average_test_recall, lifelong_me
 
 
 _STAGE_FIELDS = {"index": int, "repository": str, "checkpoint": str, "test": dict, "val": dict}
+START_FIELDS = ("init_from", "path", "sha256")  # state.json's record of the weights stage 0 starts from
 
 
 def check_state_shape(state: object, path: Path) -> None:
@@ -33,6 +34,13 @@ def check_state_shape(state: object, path: Path) -> None:
             refuse(f"stages[{position}] is not stage {position} of its order")
         if not set(order[: position + 1]) <= set(stage["test"]):
             refuse(f"stages[{position}].test lacks a repository seen by then")
+    start = state.get("start_weights")
+    if start is not None and not (isinstance(start, dict) and all(isinstance(start.get(k), str) for k in START_FIELDS)):
+        refuse("'start_weights' must be null or an object of strings init_from, path and sha256")
+    data = state.get("data")
+    if data is not None and not (isinstance(data, dict) and all(
+            isinstance(files, dict) and all(isinstance(v, str) for v in files.values()) for files in data.values())):
+        refuse("'data' must map each repository to the sha256 of its files")
 
 
 def evaluation_rows(state: dict) -> list[dict]:

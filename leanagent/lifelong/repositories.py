@@ -73,10 +73,35 @@ def _unique_slugs(names: list[str]) -> dict[str, str]:
     return slugs
 
 
+def _data_files(splits: list[str]) -> list[str]:
+    """The files a dataset folder is read from, relative to it: its corpus and each split folder's three files."""
+    return ["corpus.jsonl", *(f"{split}/{part}.json" for split in splits for part in SPLIT_FILES)]
+
+
+def repository_data(dataset: Path, split: str) -> dict[str, str]:
+    """{file: sha256} of what a lifelong stage reads from a repository (its corpus and split files)."""
+    return {relative: file_sha256(dataset / relative) for relative in _data_files([split]) if (dataset / relative).is_file()}
+
+
+def check_same_data(recorded: dict | None, now: dict[str, dict[str, str]], out: Path) -> None:
+    """A run resumed on repositories whose files changed since it began would finish on other data than its first
+    stages trained and were evaluated on (and continue an interrupted fit on it): refused, as other settings are.
+    A state written before the record existed (None) has nothing to compare."""
+    if recorded is None or recorded == now:
+        return
+    for name in sorted(set(recorded) | set(now)):
+        before, after = recorded.get(name, {}), now.get(name, {})
+        if changed := sorted(f for f in set(before) | set(after) if before.get(f) != after.get(f)):
+            raise LeanAgentError(
+                f"{out} holds a lifelong run whose repository {name} has changed since it began ({changed[0]} differs): "
+                "its finished stages learned from the old files; restore them, or choose another output_dir or delete it"
+            )
+
+
 def _source_fingerprint(dataset: Path, splits: list[str], reference: str, min_theorems: int) -> str:
     """What a split of `dataset` was made from: an edited (or replaced) dataset is split again, not reused."""
     digest = hashlib.sha256(f"{reference}\0{min_theorems}\0".encode())
-    for relative in ["corpus.jsonl", *(f"{split}/{part}.json" for split in splits for part in SPLIT_FILES)]:
+    for relative in _data_files(splits):
         path = dataset / relative
         digest.update(f"{relative}\0{file_sha256(path) if path.is_file() else '-'}\0".encode())
     return digest.hexdigest()

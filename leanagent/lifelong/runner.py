@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -24,15 +22,18 @@ from leanagent.callbacks.checkpoints import default_dirpath
 from leanagent.checkpoint_files import fit_state, load_checkpoint
 from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.ewc.penalty import combine_fisher
-from leanagent.interrupts import SIGNALS, Interrupted, stop_on_signals
-from leanagent.io import ensure_writable, folder_lock, missing_folders, read_json, remove_empty_folders, write_json
+from leanagent.interrupts import stop_on_signals
+from leanagent.io import (
+    ensure_writable, folder_lock, missing_folders, read_json, remove_empty_folders, sync_to_disk, write_json,
+)
 from leanagent.lifelong.curriculum import compute_curriculum
 from leanagent.lifelong.evaluation import evaluate_splits
 from leanagent.lifelong.handover import handover_checkpoint
 from leanagent.lifelong.merge import check_mergeable, merge_datasets
 from leanagent.lifelong.report import check_state_shape, write_report
-from leanagent.lifelong.repositories import check_splits, resolve_repositories
+from leanagent.lifelong.repositories import check_same_data, check_splits, repository_data, resolve_repositories
 from leanagent.lifelong.settings import LifelongSettings, check_settings, config_list, settings_fingerprint
+from leanagent.lifelong.stage_commands import RESUME, StageRefused, check_parses, run_stage
 from leanagent.lifelong.start_weights import check_start_weights, recorded_start_unchanged, start_weights
 
 log = logging.getLogger("leanagent")
@@ -85,96 +86,6 @@ def checkpoint_folder(retrieval_config: str | os.PathLike | list[str]) -> Path:
     )
 
 
-RESUME = "run the same command again to continue from where it stopped"
-STAGE_ENV = "LEANAGENT_LIFELONG_STAGE"  # set in a stage's environment: the runner speaks for it
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the stage, before exec: be killed when the runner dies (Linux), as a stage in the runner's own
-    process group would be by a `kill -9 -PGID` or a closed terminal; otherwise it would run on, orphaned."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return  # not Linux: the stage outlives a killed runner, as any child would
-    if os.getppid() != parent:  # the runner died before prctl took effect
-        os._exit(1)
-
-
-def _own_process_group() -> dict:
-    """Popen arguments that start the child in a new process group of the same session (terminal kept),
-    dying with this process."""
-    parent = os.getpid()
-    if sys.version_info >= (3, 11):
-        return {"process_group": 0, "preexec_fn": lambda: _die_with_parent(parent)}
-    return {"preexec_fn": lambda: (os.setpgrp(), _die_with_parent(parent))}  # Python 3.10
-
-
-def _stage_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # Stages import the same leanagent as this process, whatever is installed elsewhere.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    # The stage tells the user nothing about resuming itself: the runner's advice (rerun) is the one that holds.
-    env[STAGE_ENV] = "1"
-    return env
-
-
-def _check_parses(commands: dict[str, list[str]], cwd: Path) -> dict[str, str]:
-    """Parse stage commands without running them (`--print_config` exits after parsing; all at once), so that an
-    argument a stage config does not take fails before the first fit rather than after it. Returns each
-    command's resolved config."""
-    started = {what: subprocess.Popen([*command, "--print_config"], cwd=cwd, env=_stage_env(), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-               for what, command in commands.items()}
-    results = {what: (*child.communicate(), child.returncode) for what, child in started.items()}
-    for what, (_, stderr, returncode) in results.items():
-        if returncode != 0:
-            lines = stderr.strip().splitlines() or [f"exit code {returncode}"]
-            reason = next((line for line in reversed(lines) if line.startswith("error:")), lines[-1])
-            raise LeanAgentError(f"stage_args: the {what} command does not take them: {reason.removeprefix('error:').strip()}")
-    return {what: stdout for what, (stdout, _, _) in results.items()}
-
-
-class StageRefused(ReportedError):
-    """A stage's command exited with 2: it refused its input and printed why."""
-
-    def __init__(self, what: str, logs: Path) -> None:
-        super().__init__(f"{what} stopped on the error above (its logs are in {logs})")
-        self.what = what
-
-
-def _run(command: list[str], cwd: Path, what: str) -> None:
-    """Run a stage's command; SIGTERM and SIGINT sent to this process are passed on to it, not left behind."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    log.info("%s: %s", what, " ".join(command[2:]))
-    env = _stage_env()
-    # Its own process group: a terminal's Ctrl-C (or a killpg) reaches this process alone, which passes it
-    # on once. In the terminal's group the stage would get it twice, and a second Ctrl-C stops a fit at once.
-    child = subprocess.Popen(command, cwd=cwd, env=env, **_own_process_group())
-    received: list[int] = []
-
-    def forward(signum: int, frame: object) -> None:
-        received.append(signum)
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in SIGNALS}  # what stop_on_signals would otherwise take
-    try:
-        returncode = child.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if received:
-        raise Interrupted(received[0], f"{what} stopped by {signal.Signals(received[0]).name} (exit code {returncode}); {RESUME}")
-    if returncode == 2:  # a user error: the stage printed its one `error:` line
-        raise StageRefused(what, cwd)
-    if returncode != 0:
-        raise LeanAgentError(f"{what} failed with exit code {returncode} (logs in {cwd})")
-
-
 class LifelongRun:
     def __init__(self, settings: LifelongSettings) -> None:
         check_settings(settings)
@@ -222,8 +133,9 @@ class LifelongRun:
         try:
             return self._run_stages(order, repos, state)
         except StageRefused as e:
-            # The first stage of a new run refused a setting (bad input, nothing trained): leave no output_dir.
-            if created and not state["stages"]:
+            # The first stage of a new run refused a setting (bad input, nothing trained): leave no output_dir. One
+            # that refused after it saved a checkpoint (a loss gone NaN in a later epoch, its Fisher pass) keeps them.
+            if created and not state["stages"] and not any(self.out.glob("stages/*/**/*.ckpt")):
                 self._remove(created)
                 raise ReportedError(f"{e.what} stopped on the error above; {self.out} was removed") from None
             raise
@@ -244,6 +156,9 @@ class LifelongRun:
             check_mergeable(list(repos.values()))
         order = repository_order(s, repos, splits)
         state = self._load_state(order)
+        data = {name: repository_data(path, s.split) for name, path in repos.items()}
+        check_same_data(state.get("data"), data, self.out)
+        state["data"] = data
         if state["stages"]:
             recorded_start_unchanged(state.get("start_weights"), self.out)
         else:
@@ -271,7 +186,7 @@ class LifelongRun:
         if s.ewc.enabled and len(order) > 1:
             placeholder = self.out / "stage-check"  # never read or written: the command is only parsed
             commands["Fisher"] = self._fisher_command(data, placeholder.with_suffix(".ckpt"), placeholder.with_suffix(".safetensors"))
-        return _check_parses(commands, self.out)["fit"]
+        return check_parses(commands, self.out)["fit"]
 
     def _stage_dir(self, index: int, name: str) -> Path:
         return self.out / "stages" / f"{index:02d}-{name.replace('/', '-')}"  # owner/repo: one folder
@@ -308,7 +223,7 @@ class LifelongRun:
                 log.info("stage %d: continuing its interrupted fit from %s", index, start)
             elif (stage_dir / "fit").exists():
                 shutil.rmtree(stage_dir / "fit")  # started but saved nothing: start the fit again
-            _run(fit + ([f"--ckpt_path={start}"] if start else []), stage_dir / "fit", f"stage {index} fit on {name}")
+            run_stage(fit + ([f"--ckpt_path={start}"] if start else []), stage_dir / "fit", f"stage {index} fit on {name}")
         began_from = previous["checkpoint"] if previous is not None else (state.get("start_weights") or {}).get("path")
         checkpoint = self._handover_checkpoint(index, stage_dir, began_from)
 
@@ -321,6 +236,8 @@ class LifelongRun:
         # Every seen repository on val (hybrid's weight for it) then test; the stage's own val is its plasticity.
         evaluated = evaluate_splits(checkpoint, seen, ("val", "test"), s.eval_precision, s.eval_batch_size)
         test, val = evaluated["test"], evaluated["val"][name]
+        for handed_over in filter(None, (checkpoint, fisher)):  # on disk before state.json names them
+            sync_to_disk(handed_over)
         stage = {"index": index, "repository": name, "checkpoint": str(checkpoint),
                  "fisher": str(fisher) if fisher else None, "test": test, "val": val}
         write_json(stage_dir / "stage.json", stage)
@@ -352,7 +269,7 @@ class LifelongRun:
         shape = [f"--{key}={hparams[name]}" for key, name in
                  (("model.init_args.model_name", "model_name"), ("data.max_seq_len", "max_seq_len")) if name in hparams]
         command = self._fisher_command(data, checkpoint, new, *shape)
-        _run(command, stage_dir / "fisher", f"stage {index} Fisher on {name}")
+        run_stage(command, stage_dir / "fisher", f"stage {index} Fisher on {name}")
         combined = stage_dir / "fisher.safetensors"
         if previous is not None and previous.get("fisher"):
             combine_fisher(previous["fisher"], new, s.ewc.gamma, combined)

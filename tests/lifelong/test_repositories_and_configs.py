@@ -13,7 +13,7 @@ from leanagent.errors import LeanAgentError
 from leanagent.lifelong.commands import format_table, parse_ablation, parse_lifelong
 from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories, split_bundled
 from leanagent.lifelong.settings import settings_fingerprint
-from tests.conftest import BUNDLED, REPO, config_args, premise, shared_data, tactic, theorem, toy_corpus, write_dataset
+from tests.conftest import BUNDLED, REPO, config_args, premise, shared_data, tactic, theorem, write_dataset
 
 
 def test_bundled_split_keeps_every_theorem_once_with_its_split(tmp_path):
@@ -376,8 +376,10 @@ def test_an_import_cycle_across_repositories_is_refused_before_stage_0_of_a_merg
     [([], "a list, not an object"), ({"order": ["one", "two"]}, "'stages' and 'order' must be lists"),
      ({"order": ["one", "two"], "stages": [{"index": 0, "repository": "one", "checkpoint": "c", "val": {}}]}, "stages[0].test is missing"),
      ({"order": ["one", "two"], "stages": [{"index": 1, "repository": "two", "checkpoint": "c", "test": {"two": {}}, "val": {}}]},
-      "stages[0] is not stage 0")],
-    ids=["list", "no-stages", "stage-without-test", "stage-out-of-order"],
+      "stages[0] is not stage 0"),
+     ({"order": ["one", "two"], "stages": [], "start_weights": "leanagent-base"}, "'start_weights' must be null or an object"),
+     ({"order": ["one", "two"], "stages": [], "data": {"one": ["corpus.jsonl"]}}, "'data' must map each repository")],
+    ids=["list", "no-stages", "stage-without-test", "stage-out-of-order", "start-weights-a-name", "data-a-list"],
 )
 def test_a_damaged_state_json_is_refused_and_kept(tmp_path, state, fragment):
     """A resumed run read state.json's fields only in the report, after the remaining stages (an AttributeError,
