@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"USS {result['uss'] / GB:.2f} GB, {result['procs']} processes, {result['wall']:.0f} s, {status}", flush=True)
 
     print()
-    print(f"| dataset | premises | command | ranks | peak tree RSS | peak tree PSS | peak tree USS | wall time | status |")
+    print("| dataset | premises | command | ranks | peak tree RSS | peak tree PSS | peak tree USS | wall time | status |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, premises, command, ranks, r, status in rows:
         print(f"| {name} | {premises:,} | {command} | {ranks} | {r['rss'] / GB:.2f} GB | {r['pss'] / GB:.2f} GB | "

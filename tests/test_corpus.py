@@ -6,7 +6,7 @@ import torch
 
 from leanagent.corpus.corpus import Corpus, position_key
 from leanagent.errors import LeanAgentError
-from tests.conftest import premise, toy_corpus, write_dataset
+from tests.conftest import premise, toy_corpus
 
 
 def load(tmp_path, records):

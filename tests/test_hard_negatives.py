@@ -2,7 +2,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from leanagent.corpus.corpus import Corpus, position_key
 from leanagent.data.datamodule import RetrievalDataModule

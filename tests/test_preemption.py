@@ -47,7 +47,7 @@ def test_a_fit_stopped_mid_epoch_and_resumed_equals_an_uninterrupted_fit(tmp_pat
     stopped = tmp_path / "stopped"
     stopped.mkdir()
     stop_at = steps_per_epoch + steps_per_epoch // 2  # the middle of epoch 1
-    result = run_cli([*fit_args(mini_dataset, num_workers), f"--trainer.callbacks+=tests.helpers.SignalAtStep",
+    result = run_cli([*fit_args(mini_dataset, num_workers), "--trainer.callbacks+=tests.helpers.SignalAtStep",
                       f"--trainer.callbacks.step={stop_at}", f"--trainer.callbacks.signal_name={signal_name}"], cwd=stopped)
     assert result.returncode == code, result.stderr[-3000:]
     (line,) = [l for l in result.stderr.splitlines() if l.startswith("preempted:")]
