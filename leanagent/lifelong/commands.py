@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from argparse import ArgumentError
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +18,7 @@ from jsonargparse import ActionConfigFile, ArgumentParser, Namespace
 
 from leanagent.cli_errors import check_config_files, summarize_parse_error
 from leanagent.errors import LeanAgentError, refuse_repeats
-from leanagent.io import ensure_writable, write_csv, write_json
+from leanagent.io import ensure_writable, folder_lock, write_csv, write_json
 from leanagent.lifelong.curriculum import compute_curriculum, format_curriculum
 from leanagent.lifelong.report import final_averages
 from leanagent.lifelong.repositories import Repositories, check_splits, resolve_repositories
@@ -150,7 +151,12 @@ def run_ablation(config: Namespace) -> list[dict]:
 def run_curriculum(config: Namespace) -> None:
     settings = lifelong_settings(config)
     ensure_writable(settings.output_dir, "output_dir")  # a bundled dataset's repositories are written there
-    repos = resolve_repositories(settings.repositories, Path(settings.output_dir), settings.split)
+    out = Path(settings.output_dir)
+    # Other settings split the bundled dataset again, replacing the folders a lifelong run in output_dir reads.
+    busy = (f"output_dir {out} is in use by a lifelong run, whose repositories this command would write again: "
+            "wait for it to end, or give another output_dir")
+    with folder_lock(out, "lifelong", busy) if settings.repositories.data_root is None else nullcontext():
+        repos = resolve_repositories(settings.repositories, out, settings.split)
     # What a lifelong run refuses before its first stage is refused here too: the order shown is one a run takes.
     theorems = check_splits(repos, settings.split, train_alone=settings.construction == "single_repo")
     print(format_curriculum(compute_curriculum(repos, settings.split, theorems)))
