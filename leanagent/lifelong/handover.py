@@ -38,9 +38,8 @@ def handover_checkpoint(
     if resume_from == "best":
         callbacks = load_checkpoint(last, f"stage {index} last checkpoint").get("callbacks", {})
         named = [Path(c["best_model_path"]) for c in callbacks.values() if isinstance(c, dict) and c.get("best_model_path")]
-        best = [p if p.is_absolute() else fit_dir / p for p in named]
-        if best and best[0].is_file():
-            source, handover = best[0], stage_dir / "best.ckpt"
+        if named:
+            source, handover = _recorded_best(index, named[0], fit_dir, last), stage_dir / "best.ckpt"
         else:
             log.info("stage %d recorded no best checkpoint (no validation?): handing over its last", index)
     interpolate = share < 1.0 and began_from is not None
@@ -55,6 +54,17 @@ def handover_checkpoint(
     kept = f", {share:g} of the way from {began_from}" if interpolate else ""
     log.info("stage %d hands over %s (as %s%s)", index, source.name, handover.name, kept)
     return handover
+
+
+def _recorded_best(index: int, named: Path, fit_dir: Path, last: Path) -> Path:
+    """The best checkpoint last.ckpt names: Lightning records an absolute path, so an output_dir moved since (a
+    rerun on another mount) finds it by name beside last.ckpt. Missing, it is refused: last.ckpt would hand over
+    other weights than the uninterrupted run did."""
+    for candidate in (named if named.is_absolute() else fit_dir / named, last.parent / named.name):
+        if candidate.is_file():
+            return candidate
+    raise LeanAgentError(f"stage {index}: its best checkpoint {named}, which {last} names, is missing; put it back, "
+                         f"or delete {fit_dir.parent} to train the stage again")
 
 
 def interpolate_checkpoint(checkpoint: dict, start: str, share: float, where: str) -> None:

@@ -82,3 +82,18 @@ def test_ewc_settings_make_another_run_only_when_ewc_is_on():
     assert fingerprint(enabled=False, ewc_lambda=1000.0, gamma=1.0) == fingerprint(enabled=False) == fingerprint()
     assert fingerprint(enabled=True, ewc_lambda=1000.0) != fingerprint(enabled=True)
     assert fingerprint(enabled=True) != fingerprint(enabled=False)
+
+
+def test_a_best_checkpoint_is_found_beside_last_after_a_move_and_a_missing_one_is_refused(tmp_path):
+    """Lightning records the best path as absolute: an output_dir moved since finds it by name; one deleted
+    is refused rather than handing over last.ckpt, whose weights the uninterrupted run did not hand over."""
+    run, stage, _, tuned, start = _stage(tmp_path, 1.0)
+    folder = stage / "fit" / run.checkpoints
+    _checkpoint(folder / "last.ckpt", seed=2, callbacks={"ModelCheckpoint{}": {"best_model_path": "/gone/out/epoch=0.ckpt"}})
+    saved = torch.load(run._handover_checkpoint(1, stage, str(start)), weights_only=True)["state_dict"]
+    assert all(torch.equal(saved[name], tuned[name]) for name in tuned)
+    (folder / "epoch=0.ckpt").unlink()
+    (stage / "best.ckpt").unlink()
+    with pytest.raises(LeanAgentError, match=r"stage 1: its best checkpoint /gone/out/epoch=0.ckpt, .* is missing"):
+        run._handover_checkpoint(1, stage, str(start))
+    assert not (stage / "best.ckpt").exists()
