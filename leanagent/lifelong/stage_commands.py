@@ -61,7 +61,13 @@ def check_parses(commands: dict[str, list[str]], cwd: Path) -> dict[str, str]:
     started = {what: subprocess.Popen([*command, "--print_config"], cwd=cwd, env=_stage_env(), text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                for what, command in commands.items()}
-    results = {what: (*child.communicate(), child.returncode) for what, child in started.items()}
+    try:
+        results = {what: (*child.communicate(), child.returncode) for what, child in started.items()}
+    finally:  # a signal to the runner alone (SIGTERM) while they parse: they would run on, orphaned
+        for child in started.values():
+            if child.poll() is None:
+                child.kill()
+                child.wait()
     for what, (_, stderr, returncode) in results.items():
         if returncode != 0:
             lines = stderr.strip().splitlines() or [f"exit code {returncode}"]

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import leanagent.lifelong.runner as runner_module
+import leanagent.lifelong.stage_commands as stage_commands
 from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.interrupts import Interrupted
 from leanagent.lifelong.repositories import Repositories
@@ -94,3 +96,21 @@ def test_a_stage_that_fails_ends_the_run_with_its_code_and_one_error_line(tmp_pa
     assert isinstance(stopped.value, ReportedError) != (error is StageKilled)  # printed bare, after the stage's own
     if error is StageKilled:
         assert "killed by SIGKILL" in str(stopped.value)
+
+
+def test_a_signal_while_the_stage_commands_parse_leaves_none_of_them_running(tmp_path, monkeypatch):
+    started: list[subprocess.Popen] = []
+
+    class Stopped(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+        def communicate(self, *args, **kwargs):
+            raise Interrupted(signal.SIGTERM, "the lifelong run stopped by SIGTERM")
+
+    monkeypatch.setattr(stage_commands.subprocess, "Popen", Stopped)
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(Interrupted):
+        stage_commands.check_parses({"fit": sleep, "Fisher": sleep}, tmp_path)
+    assert len(started) == 2 and all(child.poll() is not None for child in started)
