@@ -65,8 +65,8 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise LeanAgentError(f"{what}: {p} is not a Lightning checkpoint (no state_dict)")
     for name, tensor in checkpoint["state_dict"].items() if isinstance(checkpoint["state_dict"], dict) else ():
-        if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise LeanAgentError(f"{what}: {p}: '{name}' holds NaN or infinite values (a diverged or damaged checkpoint)")
+        if why := weight_problem(tensor, integers=True):
+            raise LeanAgentError(f"{what}: {p}: '{name}' {why}")
     for key, kind in (("state_dict", dict), ("hyper_parameters", dict), ("epoch", int), ("global_step", int)):
         value = checkpoint.get(key)
         if key in checkpoint and (not isinstance(value, kind) or isinstance(value, bool)):
@@ -74,6 +74,22 @@ def load_checkpoint(path: str | os.PathLike, what: str = "--ckpt_path") -> dict[
         if kind is int and key in checkpoint and value < 0:  # an edited file: resuming would misread its plan
             raise LeanAgentError(f"{what}: {p}: '{key}' is {value}; Lightning saves a count from 0 (a damaged or edited checkpoint)")
     return checkpoint
+
+
+WEIGHT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def weight_problem(value: object, integers: bool = False) -> str | None:
+    """Why an entry of a checkpoint, weights or Fisher file cannot be used, or None. The dtype is checked before
+    the values: torch.isfinite has no kernel for float8, and a complex or float8 weight is not one we train."""
+    if not isinstance(value, torch.Tensor):
+        return f"is a {type(value).__name__}, not a tensor"
+    if value.dtype not in WEIGHT_DTYPES and not (integers and not value.is_floating_point() and not value.is_complex()):
+        kinds = "float16, bfloat16, float32 or float64" + (" (or integer buffers)" if integers else "")
+        return f"holds {str(value.dtype).removeprefix('torch.')} values; weights are {kinds}"
+    if value.is_floating_point() and not torch.isfinite(value).all():
+        return "holds NaN or infinite values (a diverged or damaged file)"
+    return None
 
 
 def _damaged_entry(path: Path) -> str | None:
@@ -102,6 +118,14 @@ def check_resumable(checkpoint: dict[str, Any], path: str | os.PathLike) -> None
     if not isinstance(checkpoint.get("loops"), dict):
         raise LeanAgentError(f"--ckpt_path: {path} holds no training loop state, so a fit cannot resume from it; "
                              "give a checkpoint that a fit wrote (such as last.ckpt)")
+    # What Lightning's restore walks as mappings (a damaged or edited file failed there with an AttributeError).
+    loops, callbacks, schedulers = checkpoint["loops"], checkpoint.get("callbacks", {}), checkpoint.get("lr_schedulers", [])
+    for key, ok in (("loops", all(isinstance(v, dict) and isinstance(v.get("state_dict", {}), dict) for v in loops.values())),
+                    ("callbacks", isinstance(callbacks, dict) and all(isinstance(v, dict) for v in callbacks.values())),
+                    ("lr_schedulers", isinstance(schedulers, list) and all(isinstance(v, dict) for v in schedulers))):
+        if not ok:
+            raise LeanAgentError(f"--ckpt_path: {path}: its '{key}' section is not what a fit writes (damaged or edited); "
+                                 "give a checkpoint that a fit wrote (such as last.ckpt)")
 
 
 def check_optimizer_state(checkpoint: dict[str, Any], shapes: list[torch.Size], path: str | os.PathLike | None) -> None:

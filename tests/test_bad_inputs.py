@@ -288,7 +288,8 @@ def test_the_fisher_checkpoint_errors_name_the_setting(capsys, in_tmp, toy_datas
                        "--model.init_args.model_name=byt5-cpu"], f"error: model.ckpt_path: {retriever_checkpoint} was trained with")
 
 
-def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint):
+@pytest.mark.parametrize("names", ["{not json", "[[1]]"])  # not JSON; a list whose names are lists (a TypeError)
+def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint, names):
     from leanagent.ewc.fisher_file import save_fisher
     from leanagent.models.loading import load_retriever
 
@@ -297,7 +298,7 @@ def test_a_fisher_file_with_damaged_metadata_is_refused(capsys, in_tmp, toy_data
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(in_tmp / "f.safetensors"))
-    save_file(tensors, str(in_tmp / "f.safetensors"), metadata={"parameter_names": "{not json", "weights_sha256": "x"})
+    save_file(tensors, str(in_tmp / "f.safetensors"), metadata={"parameter_names": names, "weights_sha256": "x"})
     one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.fisher_path=f.safetensors",
                        "--model.init_args.ewc_lambda=1"], "f.safetensors", "metadata")
 
@@ -392,6 +393,9 @@ def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy
     assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "out").exists()
 
 
+RESUMABLE = {"optimizer_states": [{"state": {}, "param_groups": []}], "loops": {}}  # what a resume looks for first
+
+
 @pytest.mark.parametrize(
     "change, command, fragment",
     [
@@ -402,8 +406,14 @@ def test_prediction_output_path_is_checked_before_predicting(capsys, in_tmp, toy
         ({"optimizer_states": []}, "fit", "holds no optimizer state"),
         ({"state_dict": "nan"}, "validate", "holds NaN or infinite values"),
         ({"optimizer_states": [{"state": {}, "param_groups": []}]}, "fit", "holds no training loop state"),
+        ({"state_dict": "float8"}, "validate", "holds float8_e4m3fn values; weights are float16"),
+        ({"state_dict": "int"}, "validate", "is a int, not a tensor"),
+        ({**RESUMABLE, "loops": {"fit_loop": {"state_dict": 1}}}, "fit", "its 'loops' section is not what a fit writes"),
+        ({**RESUMABLE, "callbacks": "junk"}, "fit", "its 'callbacks' section is not what a fit writes"),
+        ({**RESUMABLE, "lr_schedulers": ["junk"]}, "fit", "its 'lr_schedulers' section is not what a fit writes"),
     ],
-    ids=["hparams-str", "epoch-str", "epoch-negative", "step-negative", "no-optimizer-state", "nan-weights", "no-loops"],
+    ids=["hparams-str", "epoch-str", "epoch-negative", "step-negative", "no-optimizer-state", "nan-weights", "no-loops",
+         "float8-weight", "int-weight", "loop-state-an-int", "callbacks-a-str", "scheduler-a-str"],
 )
 def test_checkpoints_with_damaged_structure_are_refused(capsys, in_tmp, toy_dataset, retriever_checkpoint, change, command, fragment):
     """Tracebacks before: a dict() of a string, an int() of 'abc', a resume that restored no optimizer, EarlyStopping's
@@ -411,6 +421,10 @@ def test_checkpoints_with_damaged_structure_are_refused(capsys, in_tmp, toy_data
     checkpoint = torch.load(retriever_checkpoint, weights_only=True)
     if change.get("state_dict") == "nan":
         change = {"state_dict": {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v for k, v in checkpoint["state_dict"].items()}}
+    elif change.get("state_dict") in ("float8", "int"):  # one entry: torch.isfinite has no float8 kernel, an int no shape
+        first = sorted(checkpoint["state_dict"])[0]
+        value = checkpoint["state_dict"][first].to(torch.float8_e4m3fn) if change["state_dict"] == "float8" else 5
+        change = {"state_dict": {**checkpoint["state_dict"], first: value}}
     checkpoint.update(change)
     torch.save(checkpoint, in_tmp / "odd.ckpt")
     one_error(capsys, [command, "--config", RETRIEVAL, *ONE_CPU, *data(toy_dataset), "--model.init_args.model_name=byt5-tiny",

@@ -83,6 +83,20 @@ def test_a_fisher_that_could_not_be_one_is_refused(retriever_checkpoint, tmp_pat
         PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
 
 
+def test_a_fisher_in_a_dtype_without_finite_checks_is_refused_not_a_traceback(retriever_checkpoint, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    fisher_for(retriever_checkpoint, tmp_path / "f.safetensors", embed_theta=True)
+    with safe_open(str(tmp_path / "f.safetensors"), framework="pt") as f:
+        metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+    first = sorted(name for name in tensors if not name.startswith("theta"))[0]
+    tensors[first] = tensors[first].to(torch.float8_e4m3fn)
+    save_file(tensors, str(tmp_path / "f.safetensors"), metadata=metadata)
+    with pytest.raises(LeanAgentError, match=f"Fisher '{first}' holds float8_e4m3fn values"):
+        PremiseRetriever(model_name="byt5-tiny", fisher_path=str(tmp_path / "f.safetensors"), ewc_lambda=1.0)
+
+
 def test_ewc_settings_that_cannot_work_are_refused():
     with pytest.raises(LeanAgentError, match="non-negative"):
         PremiseRetriever(model_name="byt5-tiny", ewc_lambda=-1.0)

@@ -75,7 +75,7 @@ def test_damaged_and_foreign_files_are_refused(tiny_weights, tmp_path):
     integers = tmp_path / "integers.safetensors"  # the right names, shapes and header, but no weights a float cast keeps
     write_safetensors(integers, {n: (t * 100).to(torch.int32) for n, t in _encoder_state(PremiseRetriever(model_name="byt5-tiny")).items()},
                       {"format": WEIGHTS_FORMAT, "model_name": "byt5-tiny"})
-    with pytest.raises(LeanAgentError, match="integers.safetensors: '.*' holds torch.int32 values, not floating point"):
+    with pytest.raises(LeanAgentError, match="integers.safetensors: '.*' holds int32 values; weights are float16, bfloat16, float32 or float64"):
         PremiseRetriever(model_name="byt5-tiny", init_from=str(integers))
 
 

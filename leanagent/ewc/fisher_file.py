@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from leanagent.checkpoint_files import weight_problem
 from leanagent.errors import LeanAgentError
 from leanagent.io import require_file, write_safetensors
 
@@ -63,8 +64,8 @@ def read_fisher_metadata(path: str | os.PathLike) -> dict[str, str]:
         names = json.loads(metadata.get("parameter_names", "[]"))
     except json.JSONDecodeError:
         names = None
-    if not isinstance(names, list):
-        raise LeanAgentError(f"{p}: damaged Fisher metadata ('parameter_names' is not a JSON list)")
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise LeanAgentError(f"{p}: damaged Fisher metadata ('parameter_names' is not a JSON list of names)")
     return metadata
 
 
@@ -77,6 +78,8 @@ def check_state_dict(saved: dict[str, torch.Tensor], expected: dict[str, torch.T
             f"{what} does not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
         )
     for name, tensor in expected.items():
+        if not isinstance(saved[name], torch.Tensor):
+            raise LeanAgentError(f"{what} does not match the model: '{name}' is a {type(saved[name]).__name__}, not a tensor")
         if tuple(saved[name].shape) != tuple(tensor.shape):
             raise LeanAgentError(
                 f"{what} does not match the model: '{name}' has shape {tuple(saved[name].shape)}, "
@@ -104,8 +107,8 @@ def load_fisher(path: str | os.PathLike, expected: dict[str, torch.Tensor]) -> t
     fisher, _ = read_fisher_tensors(path)
     check_state_dict(fisher, expected, f"{path}: Fisher")
     for name, tensor in fisher.items():
-        if not torch.isfinite(tensor).all():
-            raise LeanAgentError(f"{path}: Fisher '{name}' holds NaN or infinite values")
+        if why := weight_problem(tensor):
+            raise LeanAgentError(f"{path}: Fisher '{name}' {why}")
         if (tensor < 0).any():
             raise LeanAgentError(f"{path}: Fisher '{name}' holds negative values (a diagonal Fisher is a mean of squares)")
     return fisher, metadata

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from leanagent.checkpoint_files import weight_problem
 from leanagent.errors import LeanAgentError
 from leanagent.ewc.fisher_file import check_state_dict
 from leanagent.io import file_sha256, missing_error
@@ -107,11 +108,9 @@ def load_encoder(
             " (model.init_from=null trains it from random weights)"
         )
     check_state_dict(tensors, expected, f"model.init_from: {path} ('{model_name}' encoder)")
-    for name in expected:
-        if not tensors[name].is_floating_point():  # cast to float, integers would start the fit from other weights
-            raise LeanAgentError(f"model.init_from: {path}: '{name}' holds {tensors[name].dtype} values, not floating point")
-        if not torch.isfinite(tensors[name]).all():
-            raise LeanAgentError(f"model.init_from: {path}: '{name}' holds NaN or infinite values")
+    for name in expected:  # integers, cast to float, would start the fit from other weights
+        if why := weight_problem(tensors[name]):
+            raise LeanAgentError(f"model.init_from: {path}: '{name}' {why}")
     return tensors
 
 
