@@ -43,15 +43,15 @@ def run(main: Callable[..., Any], *args: Any) -> None:
     exit code 2, as in the app, not a traceback. SIGTERM (`kill PID`) and Ctrl-C stop it at once with one line
     and 128 + signal, as they stop the app's commands: inside `trainer.test` Lightning's handler alone only sets
     a flag, so a benchmark embedding a large corpus went on for minutes and then ended with status 0."""
-    from leanagent.errors import LeanAgentError
+    from leanagent.errors import LeanAgentError, one_line
     from leanagent.interrupts import Interrupted, stop_on_signals
 
     try:
         with stop_on_signals("the benchmark"):
             main(*args)
     except Interrupted as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(e.exit_code)
     except LeanAgentError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)

@@ -41,7 +41,7 @@ from leanagent.cli_config import (
 from leanagent.console import process_rank, setup_logging
 from leanagent.cli_errors import check_config_files, summarize_parse_error, user_error
 from leanagent.compat import add_subcommand
-from leanagent.errors import LeanAgentError, ReportedError
+from leanagent.errors import LeanAgentError, ReportedError, one_line
 from leanagent.interrupts import Interrupted, stop_on_signals
 from leanagent.precision import CpuBf16, describe_fallback, run_precision
 from leanagent.retrieval.metrics import format_rankings
@@ -315,14 +315,14 @@ def main(args: list[str] | None = None) -> None:
         # Inside a lifelong stage the runner says what to do (rerun the lifelong command), not --ckpt_path.
         stage = os.environ.get("LEANAGENT_LIFELONG_STAGE") == "1"
         if not stage and os.environ.get("LOCAL_RANK", "0") == "0" and os.environ.get("NODE_RANK", "0") in ("", "0"):
-            print(f"preempted: {stop}" if isinstance(stop, Preempted) else f"error: {stop}", file=sys.stderr, flush=True)
+            print(f"preempted: {one_line(stop)}" if isinstance(stop, Preempted) else f"error: {one_line(stop)}", file=sys.stderr, flush=True)
         if isinstance(stop, Interrupted):  # a Preempted fit's ranks agreed to stop at the same step already
             from leanagent.faults.rank_observer import pass_on_signal
 
             pass_on_signal(stop.signum)
         sys.exit(128 + stop.signum)
     except ArgumentError as e:
-        print(f"error: {summarize_parse_error(str(e), argv)}", file=sys.stderr)
+        print(f"error: {one_line(summarize_parse_error(str(e), argv))}", file=sys.stderr)
         sys.exit(2)
     except Exception as e:
         found = user_error(e)
@@ -335,7 +335,7 @@ def main(args: list[str] | None = None) -> None:
             from leanagent.faults.state import state
 
             remove_unused_run_folders(state.folder)
-        print(f"{found}" if isinstance(found, ReportedError) else f"{prefix}: {found}", file=sys.stderr)
+        print(one_line(found) if isinstance(found, ReportedError) else f"{prefix}: {one_line(found)}", file=sys.stderr)
         sys.exit(getattr(found, "exit_code", 2))
 
 

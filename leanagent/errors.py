@@ -14,6 +14,12 @@ class ReportedError(LeanAgentError):
     where to look without a second `error:` line, and exits with the same code."""
 
 
+def one_line(message: object) -> str:
+    """An error is one line: a name from the input that holds a newline, a carriage return or a terminal escape
+    (a file path, a theorem's name) is shown escaped, so no second line (one starting `error:`) comes from it."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in str(message))
+
+
 def refuse_repeats(values: list[str], setting: str, why: str) -> None:
     """A list setting whose entries must differ (splits, repositories, setup names): all repeats named at once."""
     if twice := sorted({v for v in values if values.count(v) > 1}):

@@ -548,3 +548,19 @@ def test_a_model_name_a_letter_off_a_preset_is_refused_at_once(capsys, in_tmp, t
     (in_tmp / "byt5-tinyy").mkdir()  # a local model folder of that name, and hub names, are loaded as they are
     for name in ("byt5-tinyy", "google/byt5-small", "t5-small", "byt5-small"):
         refuse_preset_typo(name)
+
+
+def test_a_name_with_a_newline_or_a_terminal_escape_stays_on_the_error_line(capsys, in_tmp, toy_dataset):
+    """A path (or a theorem's name) from the input is shown escaped: before, the part after its newline came out as
+    a second line of its own, which could itself start with `error:`."""
+    from leanagent.errors import one_line
+
+    assert one_line("ℕ.succ ∀ λ\tx\n\r\x1b[31m") == "ℕ.succ ∀ λ\tx\\n\\r\\x1b[31m"
+    corpus = "no\nerror: such\x1b[2J.jsonl"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", "--config", RETRIEVAL, *ONE_CPU, f"--data.data_path={toy_dataset / 'random'}", f"--data.corpus_path={corpus}"])
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error")]
+    assert len(errors) == 1 and "no\\nerror: such\\x1b[2J.jsonl" in errors[0], lines

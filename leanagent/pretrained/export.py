@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from leanagent.checkpoint_files import load_checkpoint
 from leanagent.corpus.provenance import merged_from
-from leanagent.errors import LeanAgentError
+from leanagent.errors import LeanAgentError, one_line
 from leanagent.io import ensure_writable, file_fingerprints, file_sha256, write_json
 from leanagent.pretrained import SHIPPED_DIR, save_encoder
 
@@ -98,7 +98,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse's errors as the app gives them: one `error:` line (argparse prints its usage first)."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"error: {message} (python -m leanagent.pretrained.export --help)", file=sys.stderr)
+        print(f"error: {one_line(message)} (python -m leanagent.pretrained.export --help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -115,7 +115,7 @@ def main() -> None:
     try:
         path = export(args.checkpoint, args.name, args.command, args.out_dir, args.note, args.commit)
     except LeanAgentError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     print(f"{'replaced' if replaced else 'wrote'} {path} and {path.with_suffix('.json')}")
 
