@@ -296,6 +296,8 @@ def user_error(error: BaseException | None) -> LeanAgentError | None:
             # Lightning's, raised once the fit knows its batch count: a setting, not a bug
             return LeanAgentError(f"trainer.{str(error).strip().replace('`', '').split('. If you want')[0]} of an epoch "
                                   "(or set trainer.check_val_every_n_epoch=null to count batches across epochs)")
+        if type(error).__name__ == "MisconfigurationException":  # Lightning's word for a setting it refuses once running
+            return LeanAgentError(f"Lightning refused a setting: {' '.join(str(error).split())}")
         if isinstance(error, ModuleNotFoundError) and not (error.name or "").startswith("leanagent"):
             # A package missing from this environment, such as Lightning's optional ones (a config naming WandbLogger
             # without wandb: "Requirement 'wandb>=...' not met. HINT: ..."); a module of our own missing is a bug.

@@ -171,3 +171,14 @@ def test_a_partial_empirical_fisher_pass_is_refused_before_it_runs(capsys, in_tm
     one_error(capsys, ["fit", "--config", FISHER, *ONE_CPU, *data(toy_dataset), f"--model.init_args.ckpt_path={retriever_checkpoint}",
                        "--model.init_args.model_name=byt5-tiny", flag], f"{flag[2:]}: the empirical Fisher is a mean over the whole")
     assert sorted(p.name for p in in_tmp.iterdir()) == ["toy"]  # no checkpoints/ or lightning_logs/
+
+
+@pytest.mark.parametrize("flag, shown", [
+    ("--preemption.signals=[SIGKILL]", "preemption.signals: SIGKILL cannot be caught"),  # OSError from signal.signal
+    # Lightning's MisconfigurationException, raised once it counts the batches: a traceback before
+    ("--trainer.limit_train_batches=0.0001", "Lightning refused a setting: You requested to check 0.0001 of the `train_dataloader`"),
+])
+def test_a_setting_refused_once_the_fit_runs_is_one_error_and_leaves_no_run_folder(capsys, in_tmp, toy_dataset, flag, shown):
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, f"--data.data_path={toy_dataset / 'random'}",
+                       f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", "--trainer.max_epochs=1", flag], shown)
+    assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "checkpoints").exists()

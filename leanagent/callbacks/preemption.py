@@ -65,6 +65,9 @@ class PreemptionCheckpoint(Callback):
             self.signals = [signal.Signals[name] for name in signals]
         except KeyError as e:
             raise LeanAgentError(f"preemption.signals: unknown signal {e.args[0]!r}") from None
+        if uncatchable := [s.name for s in self.signals if s in (signal.SIGKILL, signal.SIGSTOP)]:
+            raise LeanAgentError(f"preemption.signals: {', '.join(uncatchable)} cannot be caught, so nothing can save on it; "
+                                 "name signals a process can handle (SIGTERM, SIGINT, SIGUSR1, ...)")
         self.received: int | None = None
         self._previous: dict[int, Any] = {}
 
