@@ -54,7 +54,9 @@ from leanagent.corpus.import_order import ImportCycle, imports_first
 from leanagent.corpus.provenance import write_manifest
 from leanagent.corpus.tactics import read_theorems, tactic_states
 from leanagent.errors import LeanAgentError
-from leanagent.io import atomic_open, folder_lock, iter_jsonl, missing_error, temporary_names, write_json
+from leanagent.io import (
+    atomic_open, folder_lock, iter_jsonl, missing_error, missing_folders, remove_empty_folders, temporary_names, write_json,
+)
 
 log = logging.getLogger("leanagent")
 
@@ -352,10 +354,12 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
     for name in splits:
         theorems[name], kept_out[name], repeated[name] = _merge_split(sources, name, read)
 
+    created = missing_folders(out_dir.parent)  # removed again if the merge fails: it leaves nothing behind
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.", suffix=".tmp"))
     except OSError as e:
+        remove_empty_folders(created)
         raise LeanAgentError(f"output folder {out_dir}: cannot create it ({e.strerror or type(e).__name__})") from None
     try:
         with atomic_open(tmp / "corpus.jsonl", "w", encoding="utf-8") as f:
@@ -382,6 +386,7 @@ def _merge(sources: list[Path], out_dir: Path, splits: list[str], overwrite: boo
             os.replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty_folders(created)
         raise
 
     return MergeStats(

@@ -225,6 +225,9 @@ def test_failure_while_writing_leaves_no_out_dir(sources, tmp_path, monkeypatch)
     with pytest.raises(OSError, match="disk full"):
         merge_datasets(sources, tmp_path / "merged", split="random")
     assert leftovers(tmp_path) == ["src"]
+    with pytest.raises(OSError, match="disk full"):  # nor the parent folders it made for it
+        merge_datasets(sources, tmp_path / "p1" / "p2" / "merged", split="random")
+    assert leftovers(tmp_path) == ["src"]
 
 
 def test_existing_out_dir(sources, tmp_path):
