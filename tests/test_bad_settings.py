@@ -3,6 +3,7 @@ number out of range), and data folders missing a file: one `error:` line, exit 2
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -181,4 +182,13 @@ def test_a_partial_empirical_fisher_pass_is_refused_before_it_runs(capsys, in_tm
 def test_a_setting_refused_once_the_fit_runs_is_one_error_and_leaves_no_run_folder(capsys, in_tmp, toy_dataset, flag, shown):
     one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, f"--data.data_path={toy_dataset / 'random'}",
                        f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", "--trainer.max_epochs=1", flag], shown)
+    assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "checkpoints").exists()
+
+
+def test_more_negatives_than_the_corpus_has_premises_is_refused_before_the_pairs_are_built(capsys, in_tmp, toy_dataset):
+    """100,000 negatives a pair on a small corpus grew the process to tens of GB until the kernel killed it."""
+    premises = sum(len(json.loads(line)["premises"]) for line in (toy_dataset / "corpus.jsonl").read_text().splitlines() if line.strip())
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, f"--data.data_path={toy_dataset / 'random'}",
+                       f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", "--trainer.max_epochs=1",
+                       f"--data.num_negatives={premises}"], f"data.num_negatives ({premises}) must be below the {premises} premises")
     assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "checkpoints").exists()

@@ -234,6 +234,9 @@ class RetrievalDataModule(pl.LightningDataModule, RetrievalData):
     @property
     def train_pairs(self) -> TrainingPairs:
         if self._train is None:
+            if self.num_negatives >= len(self.corpus):  # the pairs' table alone grew to tens of GB before the first step
+                raise LeanAgentError(f"data.num_negatives ({self.num_negatives}) must be below the {len(self.corpus)} premises of "
+                                     f"{self.corpus_path}: a pair's negatives are other premises than its own")
             sampler = NegativeSampler(self.corpus, self.num_negatives, self.num_in_file_negatives, self.num_hard_negatives)
             states = self.train_states()
             pools = self._hard_pools
