@@ -79,6 +79,10 @@ def check_trainer_values(config: Namespace, subcommand: str | None) -> None:
             f"trainer.num_nodes={nodes}, but nothing starts the other nodes' processes (no torchrun, no SLURM step of "
             "several tasks, no NODE_RANK or MASTER_ADDR): this process would wait for them until the process group "
             "times out; launch one process per node with torchrun or srun (README, Distributed), or leave num_nodes at 1")
+    name = logger_name(config)  # lightning_logs/<name>/ and checkpoints/<name>/: a path would write outside both
+    if isinstance(name, str) and (os.path.isabs(name) or ".." in Path(name).parts):
+        raise LeanAgentError(f"trainer.logger.init_args.name: {name!r} names the run's folders under lightning_logs/ and "
+                             "checkpoints/: give it without a leading '/' or '..' (trainer.default_root_dir moves both)")
     interval = config.trainer.get("val_check_interval")
     if interval is not None and not isinstance(interval, bool) and isinstance(interval, (int, float)) and interval <= 0:
         raise LeanAgentError(f"trainer.val_check_interval must be a positive number of batches or fraction of an "

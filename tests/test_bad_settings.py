@@ -192,3 +192,12 @@ def test_more_negatives_than_the_corpus_has_premises_is_refused_before_the_pairs
                        f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", "--trainer.max_epochs=1",
                        f"--data.num_negatives={premises}"], f"data.num_negatives ({premises}) must be below the {premises} premises")
     assert not (in_tmp / "lightning_logs").exists() and not (in_tmp / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("name", ["/abs/run", "../../escape"])
+def test_a_logger_name_that_leaves_the_log_and_checkpoint_folders_is_refused(capsys, in_tmp, toy_dataset, name):
+    """Before, `/abs/run` wrote the logs and checkpoints at the file system's root, `../../escape` two folders up."""
+    one_error(capsys, ["fit", "--config", RETRIEVAL, *ONE_CPU, f"--data.data_path={toy_dataset / 'random'}",
+                       f"--data.corpus_path={toy_dataset / 'corpus.jsonl'}", f"--trainer.logger.init_args.name={name}"],
+              f"trainer.logger.init_args.name: {name!r}")
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["toy"] and not Path("/abs").exists()
