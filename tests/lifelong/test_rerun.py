@@ -19,8 +19,8 @@ from leanagent.errors import LeanAgentError, ReportedError
 from leanagent.interrupts import Interrupted
 from leanagent.lifelong.repositories import Repositories
 from leanagent.lifelong.runner import LifelongRun
-from leanagent.lifelong.stage_commands import StageFailed, StageKilled, StageRefused, run_stage
 from leanagent.lifelong.settings import LifelongSettings
+from leanagent.lifelong.stage_commands import StageFailed, StageKilled, StageRefused, run_stage
 from tests.conftest import REPO
 from tests.lifelong.test_lifelong_run import tiny_repositories
 
@@ -33,7 +33,8 @@ def settings(repos: Path, out: Path) -> LifelongSettings:
 
 @pytest.fixture
 def stages(monkeypatch) -> list[str]:
-    """Stage commands that only record what they were asked to run; a test sets what the next one does."""
+    """The stage commands' parse check stubbed out (a start from random weights); the list the test's stand-in
+    stage commands record what they were asked to run in."""
     ran: list[str] = []
     monkeypatch.setattr(runner_module, "check_parses", lambda commands, cwd: {what: "model: {}\n" for what in commands})
     return ran
