@@ -117,12 +117,21 @@ def test_a_build_killed_outright_leaves_a_folder_the_next_build_removes(tmp_path
     assert sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) == sorted([key, other.name])
 
 
-def test_a_damaged_entry_is_rebuilt(tmp_path):
+@pytest.mark.parametrize("damage", ["truncated tokens", "offsets out of order", "offsets past the tokens"])
+def test_a_damaged_entry_is_rebuilt(tmp_path, damage):
     cache = tmp_path / "cache"
     tokenize(ByteTokenizer(), TEXTS, 16, cache_dir=cache)
     entry = cache / content_key(ByteTokenizer(), TEXTS, 16)
-    data = (entry / "tokens.npy").read_bytes()
-    (entry / "tokens.npy").write_bytes(data[: len(data) // 2])
+    if damage == "truncated tokens":
+        data = (entry / "tokens.npy").read_bytes()
+        (entry / "tokens.npy").write_bytes(data[: len(data) // 2])
+    else:  # the same shape and dtype, so only the offsets' values can tell
+        offsets = np.load(entry / "offsets.npy")
+        if damage == "offsets out of order":
+            offsets[1], offsets[2] = offsets[2], offsets[1]
+        else:
+            offsets[-1] += 5
+        np.save(entry / "offsets.npy", offsets)
     table = tokenize(ByteTokenizer(), TEXTS, 16, cache_dir=cache)
     ids, lengths = byt5_dense(TEXTS, 16)
     np.testing.assert_array_equal(table.gather_numpy(np.arange(len(TEXTS)))[0], gather_tokens(ids, lengths, np.arange(len(TEXTS)))[0])

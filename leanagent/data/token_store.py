@@ -43,9 +43,12 @@ class TokenTable:
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:
         if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or offsets[-1] != len(tokens):
             raise ValueError("offsets must start at 0 and end at len(tokens)")
+        lengths = np.diff(offsets)
+        if (lengths < 0).any():  # a damaged cache entry: rows of other texts, or negative lengths mid-epoch
+            raise ValueError("offsets must not decrease")
         self.tokens = tokens
         self.offsets = offsets
-        self.lengths = np.diff(offsets).astype(np.int32)
+        self.lengths = lengths.astype(np.int32)
 
     def __len__(self) -> int:
         return len(self.lengths)
