@@ -84,10 +84,11 @@ def weight_problem(value: object, integers: bool = False) -> str | None:
     the values: torch.isfinite has no kernel for float8, and a complex or float8 weight is not one we train."""
     if not isinstance(value, torch.Tensor):
         return f"is a {type(value).__name__}, not a tensor"
-    if value.dtype not in WEIGHT_DTYPES and not (integers and not value.is_floating_point() and not value.is_complex()):
+    floating = value.is_floating_point() or value.is_complex()
+    if value.dtype not in WEIGHT_DTYPES and (floating or not integers):
         kinds = "float16, bfloat16, float32 or float64" + (" (or integer buffers)" if integers else "")
         return f"holds {str(value.dtype).removeprefix('torch.')} values; weights are {kinds}"
-    if value.is_floating_point() and not torch.isfinite(value).all():
+    if floating and not torch.isfinite(value).all():
         return "holds NaN or infinite values (a diverged or damaged file)"
     return None
 
